@@ -1,0 +1,237 @@
+"""Runs ONE (workload, mode) in this process and writes a JSON result.
+
+Started by :mod:`benchmarks.run` as ``python -m benchmarks.worker ...``, one
+fresh process per (workload, mode), so compile caches, lazy initialisation
+and first-iteration costs are those of a fresh program.
+
+Timing: ``torch.set_num_threads(threads)``; ``warmup`` untimed-for-steady-state
+iterations (the very first one is reported as ``first_iter_s``); then
+``iters`` timed iterations, each timed on its own with ``perf_counter``. Every
+iteration ends with a value observed by Python (``step()`` returns
+``loss.item()`` or similar); in adaptive mode it also ends with ``ae.sync()``
+so deferred work is inside the iteration that issued it. The steady-state
+figure is the median per-iteration time; the spread is reported as
+quartiles/p10/p90/min/max. Workloads with ``metric == "total"`` (varying
+shapes) run no warmup and report the total of all steps.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+
+def percentile(xs: List[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize_times(times: List[float]) -> Dict[str, Any]:
+    med = percentile(times, 0.5)
+    return {
+        "n": len(times),
+        "median_s": med,
+        "mean_s": sum(times) / len(times) if times else None,
+        "min_s": min(times) if times else None,
+        "max_s": max(times) if times else None,
+        "p10_s": percentile(times, 0.10),
+        "p25_s": percentile(times, 0.25),
+        "p75_s": percentile(times, 0.75),
+        "p90_s": percentile(times, 0.90),
+        "total_s": sum(times),
+        # half the interquartile range, relative to the median
+        "spread_rel": ((percentile(times, 0.75) - percentile(times, 0.25)) / 2 / med)
+                      if times and med > 0 else None,
+    }
+
+
+def _rss_mb() -> Optional[float]:
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+    except Exception:
+        return None
+
+
+def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Optional[int] = None,
+            threads: int = 2, seed: int = 0, quick: bool = False,
+            adaptive_options: Optional[Dict[str, Any]] = None, settle_s: float = 60.0,
+            workload_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    from benchmarks import workloads as W
+    from benchmarks.adaptive_api import AdaptiveAPI, Unavailable as ApiUnavailable, derive, diff_stats
+
+    t_start = time.perf_counter()
+    import torch
+    torch.set_num_threads(threads)
+    t_import = time.perf_counter() - t_start
+
+    spec = W.get(workload)
+    res: Dict[str, Any] = {"workload": workload, "mode": mode, "status": "ok", "message": None,
+                           "threads": torch.get_num_threads(), "quick": quick, "seed": seed,
+                           "torch_import_s": t_import}
+    if mode not in spec.modes:
+        res.update(status="skipped", message=f"mode {mode!r} not run for {workload}")
+        return res
+    n_iters = iters if iters is not None else (spec.quick_iters if quick else spec.iters)
+    n_warm = warmup if warmup is not None else (spec.quick_warmup if quick else spec.warmup)
+
+    api = None
+    if mode == "adaptive":
+        try:
+            api = AdaptiveAPI()
+        except ApiUnavailable as e:
+            res.update(status="unavailable", message=str(e))
+            return res
+    compile_fn = (lambda fn: torch.compile(fn)) if mode == "compile" else (lambda fn: fn)
+    ctx = W.Context(seed=seed, quick=quick, mode=mode, compile=compile_fn,
+                    options=dict(workload_options or {}))
+
+    t0 = time.perf_counter()
+    try:
+        wl = spec.build(ctx)
+    except W.Unavailable as e:
+        res.update(status="skipped", message=str(e))
+        return res
+    res["build_s"] = time.perf_counter() - t0
+    res["size"] = wl.size
+    res["metric"] = wl.metric
+    if wl.metric == "total":
+        n_warm = 0
+
+    sync = api.sync if api is not None else (lambda: None)
+    step = wl.step
+
+    def one() -> float:
+        t = time.perf_counter()
+        step()
+        sync()
+        return time.perf_counter() - t
+
+    def body():
+        warm_times: List[float] = []
+        extra_warm = 0
+        for _ in range(n_warm):
+            warm_times.append(one())
+        before = None
+        if api is not None:
+            # Let background compiles started during warmup land, so the timed
+            # loop measures the steady state (bounded by settle_s).
+            deadline = time.perf_counter() + settle_s
+            if n_warm:
+                while (api.stats().get("compiles_in_flight") or 0) > 0 and time.perf_counter() < deadline:
+                    warm_times.append(one())
+                    extra_warm += 1
+                if extra_warm:
+                    for _ in range(2):
+                        warm_times.append(one())
+                        extra_warm += 1
+            before = api.stats()
+        if wl.on_timed_start:
+            wl.on_timed_start()
+        gc.collect()
+        times = [one() for _ in range(n_iters)]
+        after = api.stats() if api is not None else None
+        return warm_times, extra_warm, times, before, after
+
+    try:
+        if api is not None:
+            err = api.reset_stats()
+            if err:
+                res.setdefault("warnings", []).append(err)
+            with api.context(**(adaptive_options or {})):
+                warm_times, extra_warm, times, before, after = body()
+                api.sync()
+        else:
+            warm_times, extra_warm, times, before, after = body()
+    except Exception as e:
+        res.update(status="error", message=f"{type(e).__name__}: {e}",
+                   traceback=traceback.format_exc(limit=20))
+        return res
+
+    all_times = warm_times + times
+    res["first_iter_s"] = all_times[0] if all_times else None
+    res["warmup"] = n_warm
+    res["warmup_extra"] = extra_warm
+    res["warmup_times_s"] = warm_times
+    res["times_s"] = times
+    res.update(summarize_times(times))
+    res["time_s"] = res["total_s"] if wl.metric == "total" else res["median_s"]
+    if api is not None:
+        res["adaptive_options"] = adaptive_options or {}
+        res["stats_total"] = after
+        res["stats_timed"] = diff_stats(after, before)
+        res["derived_total"] = derive(after, len(all_times))
+        res["derived_timed"] = derive(res["stats_timed"], len(times))
+    if mode == "compile":
+        try:
+            from torch._dynamo.utils import counters
+            res["dynamo"] = {"unique_graphs": counters["stats"].get("unique_graphs", 0),
+                             "calls_captured": counters["stats"].get("calls_captured", 0)}
+        except Exception:
+            pass
+    if wl.extra:
+        try:
+            res["extra"] = wl.extra()
+        except Exception as e:
+            res["extra"] = {"error": f"{type(e).__name__}: {e}"}
+    if wl.teardown:
+        wl.teardown()
+    res["peak_rss_mb"] = _rss_mb()
+    return res
+
+
+def _kv(s: str) -> Dict[str, Any]:
+    """'a=1,b=x,c=true' -> {'a': 1, 'b': 'x', 'c': True} (JSON values where they parse)."""
+    out: Dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in (s or "").split(","))):
+        k, _, v = part.partition("=")
+        try:
+            out[k.strip()] = json.loads(v)
+        except ValueError:
+            out[k.strip()] = v
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.worker")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--mode", required=True, choices=("eager", "adaptive", "compile"))
+    p.add_argument("--out", required=True, help="JSON result file")
+    p.add_argument("--iters", type=int)
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--settle", type=float, default=60.0)
+    p.add_argument("--adaptive-options", default="")
+    p.add_argument("--workload-options", default="")
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        res = run_one(a.workload, a.mode, iters=a.iters, warmup=a.warmup, threads=a.threads,
+                      seed=a.seed, quick=a.quick, adaptive_options=_kv(a.adaptive_options),
+                      settle_s=a.settle, workload_options=_kv(a.workload_options))
+    except Exception as e:
+        res = {"workload": a.workload, "mode": a.mode, "status": "error",
+               "message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=20)}
+    res["process_s"] = time.perf_counter() - t0
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1, default=repr)
+    sys.stdout.flush()
+    # Skip interpreter teardown (background compile threads/pools of the runtime
+    # under test must not hang or slow the suite).
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
