@@ -1,0 +1,300 @@
+"""Options: one source of truth for every knob of the runtime.
+
+Each option can be set three ways, strongest first:
+
+1. keyword arguments: ``adaptive_eager(window_size=64)``;
+2. ``config.patch(window_size=64)`` (a context manager, nests);
+3. environment variables: ``ADAPTIVE_EAGER_WINDOW_SIZE=64``;
+
+and otherwise takes its default. Unknown names and bad values raise
+:class:`ConfigError`, which names the option, where the value came from and what
+is accepted; nothing falls back silently to a default.
+
+Example::
+
+    >>> from adaptive_eager import config
+    >>> config.resolve(window_size=8).window_size
+    8
+    >>> with config.patch(compile_after=5):
+    ...     config.resolve().compile_after
+    5
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+ENV_PREFIX = "ADAPTIVE_EAGER_"
+
+BUILTIN_BACKENDS = ("inductor", "aot_eager", "eager", "neuron")
+
+
+class ConfigError(ValueError):
+    """A bad option name or value. The message names the option and what is accepted."""
+
+
+def _parse_bool(name: str, value: Any, origin: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off", ""):
+            return False
+    raise ConfigError(
+        f"adaptive_eager option {name!r}{origin}: expected a boolean "
+        f"(True/False, or 1/0/true/false/yes/no/on/off), got {value!r}"
+    )
+
+
+def _int_parser(minimum: int) -> Callable[[str, Any, str], int]:
+    def parse(name: str, value: Any, origin: str) -> int:
+        if isinstance(value, bool):
+            ok = False
+        elif isinstance(value, int):
+            ok, out = True, value
+        elif isinstance(value, str):
+            try:
+                out, ok = int(value.strip()), True
+            except ValueError:
+                ok = False
+        else:
+            ok = False
+        if not ok or out < minimum:
+            raise ConfigError(
+                f"adaptive_eager option {name!r}{origin}: expected an integer >= {minimum}, got {value!r}"
+            )
+        return out
+
+    return parse
+
+
+def _float_parser(minimum: float) -> Callable[[str, Any, str], float]:
+    def parse(name: str, value: Any, origin: str) -> float:
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            out = float(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            out = None
+        if out is None or out != out or out < minimum:
+            raise ConfigError(
+                f"adaptive_eager option {name!r}{origin}: expected a number >= {minimum}, got {value!r}"
+            )
+        return out
+
+    return parse
+
+
+def _parse_device(name: str, value: Any, origin: str) -> str:
+    import torch  # local: keeps `import adaptive_eager.config` light
+
+    if isinstance(value, torch.device):
+        return value.type
+    if isinstance(value, str) and value.strip():
+        text = value.strip()
+        try:
+            dev = torch.device(text)
+        except RuntimeError:
+            # A device type that torch does not know (yet): e.g. "neuron" before the
+            # backend is registered. Accept a bare identifier; the mode checks it later.
+            if text.isidentifier():
+                return text
+            raise ConfigError(
+                f"adaptive_eager option {name!r}{origin}: expected a device type such as "
+                f"'cpu', 'cuda' or 'neuron', got {value!r}"
+            ) from None
+        return dev.type
+    raise ConfigError(
+        f"adaptive_eager option {name!r}{origin}: expected a device type such as 'cpu', 'cuda' "
+        f"or 'neuron', got {value!r}"
+    )
+
+
+def _parse_backend(name: str, value: Any, origin: str) -> Any:
+    if callable(value):
+        return value
+    if isinstance(value, str) and value.strip() in BUILTIN_BACKENDS:
+        return value.strip()
+    raise ConfigError(
+        f"adaptive_eager option {name!r}{origin}: expected one of {', '.join(BUILTIN_BACKENDS)} "
+        f"or a callable (GraphModule, example_inputs) -> callable, got {value!r}"
+    )
+
+
+def _parse_str(name: str, value: Any, origin: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"adaptive_eager option {name!r}{origin}: expected a string, got {value!r}")
+
+
+@dataclass(frozen=True)
+class _Spec:
+    default: Any
+    parse: Callable[[str, Any, str], Any]
+    doc: str
+
+
+# Note [One table of options]
+# Every option is declared here once: its default, its parser (which is also its
+# validator) and its documentation. Options, the environment variables, patch() and
+# the README's table are all derived from this table.
+_SPECS: dict[str, _Spec] = {
+    "device": _Spec("cpu", _parse_device, "device type whose ops are deferred (cpu, cuda, neuron)"),
+    "backend": _Spec(
+        "inductor", _parse_backend,
+        "compile backend for hot regions: inductor, aot_eager, eager, neuron, or a callable",
+    ),
+    "window_size": _Spec(256, _int_parser(1), "ops buffered before a window is flushed"),
+    "compile_after": _Spec(2, _int_parser(1), "times a region is seen before it is compiled"),
+    "async_compile": _Spec(True, _parse_bool, "compile in a background thread (never stall the program)"),
+    "cache_size": _Spec(512, _int_parser(1), "compiled regions kept (LRU)"),
+    "meta_cache_size": _Spec(8192, _int_parser(16), "memoized output-metadata entries (LRU)"),
+    "min_region_work": _Spec(
+        4096, _int_parser(0), "regions that touch fewer elements than this run eagerly"
+    ),
+    "compile_timeout_s": _Spec(
+        120.0, _float_parser(0.0), "a compile taking longer marks its region eager-only"
+    ),
+    "verify_compiled": _Spec(
+        True, _parse_bool, "check a compiled region's first outputs against eager once"
+    ),
+    "adaptive_passthrough": _Spec(
+        True, _parse_bool, "stop deferring when nothing in the windows is worth compiling"
+    ),
+    "launch_latency_us": _Spec(
+        0.0, _float_parser(0.0), "simulated per-kernel launch latency on the emulated neuron device"
+    ),
+    "report": _Spec("", _parse_str, "print the report at exit: '' (off), 1/stderr, or a file path"),
+}
+
+OPTION_NAMES = tuple(_SPECS)
+
+
+@dataclass(frozen=True)
+class Options:
+    """A complete, validated set of options. Build one with :func:`resolve`.
+
+    Example::
+
+        >>> Options().window_size
+        256
+    """
+
+    device: str = _SPECS["device"].default
+    backend: Any = _SPECS["backend"].default
+    window_size: int = _SPECS["window_size"].default
+    compile_after: int = _SPECS["compile_after"].default
+    async_compile: bool = _SPECS["async_compile"].default
+    cache_size: int = _SPECS["cache_size"].default
+    meta_cache_size: int = _SPECS["meta_cache_size"].default
+    min_region_work: int = _SPECS["min_region_work"].default
+    compile_timeout_s: float = _SPECS["compile_timeout_s"].default
+    verify_compiled: bool = _SPECS["verify_compiled"].default
+    adaptive_passthrough: bool = _SPECS["adaptive_passthrough"].default
+    launch_latency_us: float = _SPECS["launch_latency_us"].default
+    report: str = _SPECS["report"].default
+
+    def replace(self, **changes: Any) -> "Options":
+        """A copy with ``changes`` validated and applied."""
+        parsed = {name: _parse(name, value, "") for name, value in changes.items()}
+        return dataclasses.replace(self, **parsed)
+
+
+assert tuple(f.name for f in dataclasses.fields(Options)) == OPTION_NAMES
+
+
+def _check_name(name: str, origin: str = "") -> None:
+    if name not in _SPECS:
+        raise ConfigError(
+            f"unknown adaptive_eager option {name!r}{origin}; known options: {', '.join(OPTION_NAMES)}"
+        )
+
+
+def _parse(name: str, value: Any, origin: str) -> Any:
+    _check_name(name, origin)
+    return _SPECS[name].parse(name, value, origin)
+
+
+# Note [patch() stack]
+# patch() pushes a dict of overrides; resolve() reads them under keyword arguments.
+# This is the module's one piece of mutable state, a documented registry like
+# torch._dynamo.config's: process-wide on purpose, so that a patch set in a test
+# reaches modes created in other threads.
+_PATCHES: list[dict[str, Any]] = []
+
+
+def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Options set through ``ADAPTIVE_EAGER_<NAME>`` variables, validated.
+
+    ``ADAPTIVE_EAGER`` itself (the on switch) and ``ADAPTIVE_EAGER_NEURON_SIM`` are
+    not options and are ignored here; any other unknown ``ADAPTIVE_EAGER_*`` name
+    raises, so a typo in a variable name is reported rather than ignored.
+
+    Example::
+
+        >>> env_overrides({"ADAPTIVE_EAGER_WINDOW_SIZE": "32"})
+        {'window_size': 32}
+    """
+    environ = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key in NON_OPTION_VARIABLES:
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        out[name] = _parse(name, raw, f" (from environment variable {key})")
+    return out
+
+
+# Variables that share the prefix but are switches, not options.
+NON_OPTION_VARIABLES = frozenset({"ADAPTIVE_EAGER_NEURON_SIM", "ADAPTIVE_EAGER_LOG"})
+
+
+def resolve(environ: Mapping[str, str] | None = None, **overrides: Any) -> Options:
+    """Defaults < environment < patch() < keyword arguments, validated.
+
+    Example::
+
+        >>> resolve(backend="eager").backend
+        'eager'
+    """
+    values: dict[str, Any] = {name: spec.default for name, spec in _SPECS.items()}
+    values.update(env_overrides(environ))
+    for layer in _PATCHES:
+        values.update(layer)
+    for name, value in overrides.items():
+        values[name] = _parse(name, value, "")
+    return Options(**values)
+
+
+@contextlib.contextmanager
+def patch(**overrides: Any) -> Iterator[None]:
+    """Override options for the duration of a ``with`` block (validated on entry).
+
+    Example::
+
+        >>> with patch(window_size=4):
+        ...     resolve().window_size
+        4
+    """
+    layer = {name: _parse(name, value, "") for name, value in overrides.items()}
+    _PATCHES.append(layer)
+    try:
+        yield
+    finally:
+        _PATCHES.remove(layer)
+
+
+def describe() -> list[tuple[str, str, Any, str]]:
+    """Rows ``(name, env var, default, doc)`` for documentation and ``--help``."""
+    return [(n, ENV_PREFIX + n.upper(), s.default, s.doc) for n, s in _SPECS.items()]
+
+
+__all__ = [
+    "ConfigError", "Options", "OPTION_NAMES", "resolve", "patch", "env_overrides", "describe",
+]

@@ -1,0 +1,146 @@
+"""Output metadata by meta execution, memoized.
+
+Running an op on meta tensors (~60 µs) tells the output shapes, strides and dtypes
+and raises the shape/dtype errors eager would raise, at the user's line. The result
+depends only on the op, the input specs and the non-tensor arguments, so it is
+memoized on exactly that key in a bounded LRU: in steady state no meta work runs.
+
+Note [Scalars in the meta key]
+Python floats and Scalars passed next to tensors (``mul(x, lr)``, ``add(x, y,
+alpha=-lr)``) never change output metadata, only their type can (int vs float vs
+bool in type promotion). They are keyed by type, so a learning-rate schedule does
+not miss this cache every step. Ints are keyed by value: they are sizes and dims.
+Factories (no tensor argument) key everything by value (``arange(0.0, n)``).
+
+Example::
+
+    >>> import torch
+    >>> from adaptive_eager.fusion.ir import TensorSpec
+    >>> from adaptive_eager.fusion.ir import ValueRef
+    >>> specs = {0: TensorSpec.of(torch.ones(2, 3))}
+    >>> out = meta_execute(torch.ops.aten.mul.Tensor, (ValueRef(0), 0.5), {}, specs,
+    ...                    torch.device("cpu"))
+    >>> out.specs[0].shape
+    (2, 3)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import threading
+
+import cachetools
+import torch
+
+from ..fusion.ir import TensorSpec, ValueRef
+
+
+@dataclass(frozen=True, slots=True)
+class MetaResult:
+    """Flattened output specs of one op and how to rebuild its return structure.
+
+    ``structure``: "tensor" (one tensor), "tuple", "list" or "none".
+    """
+
+    specs: tuple[TensorSpec | None, ...]
+    structure: str
+
+
+class MetaFailure(Exception):
+    """Meta execution raised; ``error`` is what it raised."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _meta_tensor(spec: TensorSpec) -> torch.Tensor:
+    # Room for the view: the largest offset reachable plus one.
+    extent = spec.storage_offset + 1
+    for size, stride in zip(spec.shape, spec.stride):
+        if size == 0:
+            extent = spec.storage_offset
+            break
+        extent += (size - 1) * abs(stride)
+    base = torch.empty((max(extent, 0),), dtype=spec.dtype, device="meta")
+    return base.as_strided(spec.shape, spec.stride, spec.storage_offset)
+
+
+def to_meta_args(obj: Any, specs: Mapping[int, TensorSpec], cache: dict[int, torch.Tensor]) -> Any:
+    """ValueRefs become meta tensors built from ``specs`` (one per value id, so a value
+    passed twice aliases itself as in eager)."""
+    if isinstance(obj, ValueRef):
+        t = cache.get(obj.id)
+        if t is None:
+            t = cache[obj.id] = _meta_tensor(specs[obj.id])
+        return t
+    if isinstance(obj, tuple):
+        return tuple(to_meta_args(o, specs, cache) for o in obj)
+    if isinstance(obj, list):
+        return [to_meta_args(o, specs, cache) for o in obj]
+    if isinstance(obj, torch.device):
+        return torch.device("meta")
+    return obj
+
+
+def _spec_out(t: Any, device: torch.device) -> TensorSpec | None:
+    if t is None:
+        return None
+    return TensorSpec(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, device)
+
+
+def meta_execute(
+    func: Any, args: tuple, kwargs: dict, specs: Mapping[int, TensorSpec], device: torch.device
+) -> MetaResult:
+    """Run ``func`` on meta stand-ins of the ValueRefs in ``args``; raise MetaFailure on error."""
+    cache: dict[int, torch.Tensor] = {}
+    margs = to_meta_args(args, specs, cache)
+    mkwargs = {k: to_meta_args(v, specs, cache) for k, v in kwargs.items()}
+    if not cache and "device" not in mkwargs and _has_device_kwarg(func):
+        mkwargs["device"] = torch.device("meta")
+    try:
+        out = func(*margs, **mkwargs)
+    except Exception as e:  # noqa: BLE001 - reported by the caller
+        raise MetaFailure(e) from e
+    if out is None:
+        return MetaResult((), "none")
+    if isinstance(out, torch.Tensor):
+        return MetaResult((_spec_out(out, device),), "tensor")
+    structure = "list" if isinstance(out, list) else "tuple"
+    return MetaResult(tuple(_spec_out(t, device) for t in out), structure)
+
+
+def _has_device_kwarg(func: Any) -> bool:
+    return any(a.name == "device" for a in func._schema.arguments)
+
+
+class MetaMemo:
+    """A bounded LRU of ``key -> MetaResult``. Keys are built by the recorder."""
+
+    def __init__(self, maxsize: int):
+        # cachetools caches are not thread-safe; one memo may serve modes in several threads.
+        self._lock = threading.Lock()
+        self._cache: cachetools.LRUCache = cachetools.LRUCache(maxsize=maxsize)
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Any) -> MetaResult | None:
+        with self._lock:
+            r = self._cache.get(key)
+        if r is None:
+            return None
+        self.hits += 1
+        return r
+
+    def put(self, key: Any, result: MetaResult) -> None:
+        self.misses += 1
+        with self._lock:
+            self._cache[key] = result
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+__all__ = ["MetaResult", "MetaFailure", "MetaMemo", "meta_execute", "to_meta_args"]

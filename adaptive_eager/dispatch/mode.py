@@ -1,0 +1,297 @@
+"""AdaptiveEagerMode: the dispatch mode that defers target-device ops into windows.
+
+``__torch_dispatch__`` is a short router: it classifies the op (OpTable) and
+calls one named handler. The mode owns the state (the open window, counters,
+executor); LazyTensor handles are thin and point back to it.
+
+Companion: :class:`ObserveMode`, a TorchFunctionMode that sees Python-level reads
+of plain tensors (Note [Observation on CPU]).
+
+Example::
+
+    >>> import torch
+    >>> from adaptive_eager import config
+    >>> from adaptive_eager.runtime import EagerExecutor, Counters
+    >>> mode = AdaptiveEagerMode(config.resolve(backend="eager"), EagerExecutor(), Counters())
+    >>> with mode, ObserveMode(mode):
+    ...     y = torch.ones(3) + 1
+    ...     print(y)
+    tensor([2., 2., 2.])
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..config import Options
+from ..runtime import Counters, Executor
+from .lazy import LazyTensor, is_suspended, suspended, unwrap_all
+from .meta import MetaFailure, MetaMemo
+from .optable import Kind, OpTable, OpTraits
+from .recorder import OutputMismatch, Recorder
+from .source import user_source
+
+log = logging.getLogger("adaptive_eager")
+aten = torch.ops.aten
+
+
+def _device_of(args: tuple, kwargs: dict) -> torch.device | None:
+    """Device of the first tensor argument, or the factory's device kwarg."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    return b.device
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor):
+            return a.device
+    dev = kwargs.get("device")
+    if dev is None:
+        return torch.device("cpu") if "device" in kwargs else None
+    return torch.device(dev)
+
+
+def _has_unbound(obj: Any) -> bool:
+    if type(obj) is LazyTensor:
+        return obj._ae_real is None
+    if isinstance(obj, (list, tuple)):
+        return any(_has_unbound(o) for o in obj)
+    return False
+
+
+class AdaptiveEagerMode(TorchDispatchMode):
+    """Defers ops on ``options.device`` into windows; flushes at observation points.
+
+    One instance serves one runtime session; its state is guarded by a lock so a
+    handle used from another thread can flush it safely.
+    """
+
+    def __init__(self, options: Options, executor: Executor, counters: Counters,
+                 table: OpTable | None = None, memo: MetaMemo | None = None):
+        super().__init__()
+        self.options = options
+        self.executor = executor
+        self.counters = counters
+        self.device_type = options.device
+        self.table = table if table is not None else OpTable()
+        self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size)
+        self.lock = threading.RLock()
+        self.recorder = Recorder(torch.device(options.device), self.memo, owner=self)
+        self._handlers = {
+            Kind.RECORD: self._on_record,
+            Kind.VIEW: self._on_view,
+            Kind.METADATA: self._on_metadata,
+            Kind.SYNC: self._on_sync,
+            Kind.COLLECTIVE: self._on_sync,
+            Kind.RANDOM: self._on_random,
+        }
+
+    # -- routing --------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        for t in types:
+            if t is not LazyTensor and not issubclass(t, torch.nn.Parameter):
+                return NotImplemented
+        if is_suspended():
+            return self._run_real(func, args, kwargs)
+        dev = _device_of(args, kwargs)
+        if dev is None or dev.type != self.device_type:
+            if not _has_unbound((args, tuple(kwargs.values()))):
+                return func(*args, **kwargs)
+        traits = self.table.traits(func)
+        with self.lock:
+            return self._handlers[traits.kind](func, traits, args, kwargs)
+
+    # -- handlers -------------------------------------------------------------------
+    def _on_record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
+        if kwargs.get("device") is not None and torch.device(kwargs["device"]).type != self.device_type:
+            return self._sync_then_run(func, args, kwargs, "transfer")
+        if func is aten._to_copy.default or func is aten.copy_.default:
+            if self._crosses_devices(func, args, kwargs):
+                return self._sync_then_run(func, args, kwargs, "transfer")
+        try:
+            out = self.recorder.record(func, traits, args, kwargs)
+        except MetaFailure as e:
+            return self._on_meta_failure(func, args, kwargs, e)
+        except OutputMismatch:
+            return self._sync_then_run(func, args, kwargs, "resize")
+        self.counters.ops_captured += 1
+        if len(self.recorder) >= self.options.window_size:
+            self.flush("window_full")
+        return out
+
+    def _on_view(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
+        if not _has_unbound((args, tuple(kwargs.values()))):
+            # Views of real tensors read no data: take them now, for real.
+            return self._run_real(func, args, kwargs)
+        return self._on_record(func, traits, args, kwargs)
+
+    def _on_metadata(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
+        return self._run_real(func, args, kwargs) if not _has_unbound(args) else \
+            func(*_to_meta(args), **_to_meta(kwargs))
+
+    def _on_sync(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
+        if traits.reason in ("data_dependent", "no_meta_kernel", "metadata_mutation"):
+            self.counters.note_fallback(func.name(), traits.reason)
+        return self._sync_then_run(func, args, kwargs, _sync_reason(func, traits))
+
+    def _on_random(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
+        # Note [RNG]
+        # Random ops consume the generator now, in program order, so a seeded program
+        # draws exactly eager's numbers. An in-place fill (uniform_, bernoulli_(p), ...)
+        # does not read the values it overwrites: it fills a fresh real tensor of the
+        # same layout now, and the window records a copy_ into the target, so the
+        # surrounding ops (dropout's scale and multiply) stay deferred and fusible.
+        rest_unbound = _has_unbound((args[1:], tuple(kwargs.values())))
+        if traits.random_fill and not rest_unbound and isinstance(args[0], torch.Tensor):
+            target = args[0]
+            if type(target) is not LazyTensor and len(self.recorder) == 0:
+                return func(*args, **kwargs)
+            spec = target._ae_spec if type(target) is LazyTensor and target._ae_real is None \
+                else None
+            base = target if spec is None else None
+            if base is not None and type(base) is LazyTensor:
+                base = base._ae_real
+            if base is not None:
+                fresh = torch.empty_strided(base.shape, base.stride(), dtype=base.dtype, device=base.device)
+            else:
+                fresh = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=spec.device)
+            func(fresh, *unwrap_all(args[1:], {}, "random")[0], **unwrap_all((), kwargs, "random")[1])
+            self.recorder.record(aten.copy_.default, self.table.traits(aten.copy_.default),
+                                 (target, fresh), {})
+            self.counters.ops_captured += 1
+            return target
+        touches_window = rest_unbound or _has_unbound(args[:1]) or any(
+            isinstance(a, torch.Tensor) and self.recorder.holds(a) for a in args
+        )
+        if touches_window:
+            self.flush("random")
+        return self._run_real(func, args, kwargs)
+
+    def _on_meta_failure(self, func: Any, args: tuple, kwargs: dict, failure: MetaFailure) -> Any:
+        # Meta execution failed: either the call is invalid (eager raises too, and must
+        # raise here, at the user's line) or the op lacks a meta kernel. Running it for
+        # real tells which; only the second is remembered.
+        self.flush("no_meta_kernel")
+        out = self._run_real(func, args, kwargs)
+        log.debug("no meta kernel for %s (%s); it syncs from now on", func, failure)
+        self.table.mark_no_meta(func)
+        self.counters.note_fallback(func.name(), "no_meta_kernel")
+        return out
+
+    # -- running for real -------------------------------------------------------------
+    def _crosses_devices(self, func: Any, args: tuple, kwargs: dict) -> bool:
+        if func is aten._to_copy.default:
+            dev = kwargs.get("device")
+            return dev is not None and torch.device(dev).type != self.device_type
+        dst, src = args[0], args[1]
+        return dst.device.type != src.device.type
+
+    def _sync_then_run(self, func: Any, args: tuple, kwargs: dict, reason: str) -> Any:
+        self.flush(reason)
+        return self._run_real(func, args, kwargs)
+
+    def _run_real(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        args, kwargs = unwrap_all(args, kwargs, "sync")
+        return func(*args, **kwargs)
+
+    # -- flushing -------------------------------------------------------------------
+    def flush(self, reason: str, source: str | None = None) -> None:
+        """Run the open window and bind its live handles. No-op when empty."""
+        with self.lock:
+            if len(self.recorder) == 0:
+                return
+            if source is None:
+                source = user_source(2)
+            window, live = self.recorder.seal(reason, source)
+            self.counters.note_flush(reason, source)
+            self.counters.windows += 1
+            log.debug("flush %s: %d ops at %s", reason, len(window), source)
+            try:
+                with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
+                    values = self.executor.run(window)
+            except BaseException as e:
+                for h in live:
+                    h._ae_error = e
+                raise
+            self.counters.ops_executed += len(window)
+            for h in live:
+                h._ae_real = values[h._ae_vid]
+
+    def materialize(self, handle: LazyTensor, reason: str) -> torch.Tensor:
+        """Owner protocol: flush so that ``handle`` is bound, and return its tensor."""
+        self.flush(reason, user_source(3))
+        real = handle._ae_real
+        if real is None:
+            return handle._ae_materialize(reason)  # raises with the recorded error
+        return real
+
+
+_SYNC_REASONS = {
+    "aten::_local_scalar_dense": "item",
+    "aten::is_nonzero": "bool",
+    "aten::equal": "equal",
+}
+
+
+def _sync_reason(func: Any, traits: OpTraits) -> str:
+    return _SYNC_REASONS.get(func._schema.name, traits.reason or "sync")
+
+
+def _to_meta(obj: Any) -> Any:
+    if isinstance(obj, LazyTensor) and obj._ae_real is None:
+        s = obj._ae_spec
+        return torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="meta")
+    if isinstance(obj, LazyTensor):
+        return obj._ae_real
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_meta(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to_meta(v) for k, v in obj.items()}
+    return obj
+
+
+# Note [Observation on CPU]
+# Reading a plain CPU tensor (print, numpy, tolist, data_ptr) dispatches no ATen op,
+# so a deferred in-place update of a real tensor (a parameter after a deferred
+# optimizer step) would be read stale. ObserveMode sees those Python-level reads
+# and flushes first. Handles need no such help: LazyTensor overrides these methods.
+_OBSERVERS = {
+    getattr(torch.Tensor, name): name
+    for name in (
+        "__repr__", "__format__", "numpy", "tolist", "__array__", "data_ptr", "__dlpack__",
+        "untyped_storage", "storage", "_typed_storage", "__reduce_ex__", "__deepcopy__",
+        "__setstate__", "__getstate__",
+    )
+    if hasattr(torch.Tensor, name)
+}
+
+
+class ObserveMode(TorchFunctionMode):
+    """Flushes ``mode`` before a Python-level read of any tensor's data."""
+
+    def __init__(self, mode: AdaptiveEagerMode):
+        super().__init__()
+        self.mode = mode
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = _OBSERVERS.get(func)
+        if name is not None:
+            if len(self.mode.recorder):
+                self.mode.flush(f"observe:{name.strip('_')}", user_source(2))
+            if name in ("__repr__", "__format__"):
+                with suspended():
+                    return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+__all__ = ["AdaptiveEagerMode", "ObserveMode"]

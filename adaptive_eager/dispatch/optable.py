@@ -1,0 +1,178 @@
+"""Op tables: what the mode does with each ATen op, derived once per overload.
+
+Each ``OpOverload`` gets an :class:`OpTraits` (memoized in :class:`OpTable`) read
+from its schema and tags:
+
++----------------+-------------------------------------------------------------+
+| kind           | what the mode does                                          |
++================+=============================================================+
+| RECORD         | defer: meta-execute for metadata, append to the window      |
+| VIEW           | like RECORD; all-real arguments: run at once (no data read) |
+| METADATA       | answer from metadata (meta tensors); no flush               |
+| SYNC           | flush, then run for real (scalars out, data-dependent       |
+|                | shapes, no meta kernel, in-place metadata changes)          |
+| RANDOM         | consume the generator now, in program order (Note [RNG])    |
+| COLLECTIVE     | flush, then run for real (a window boundary)                |
++----------------+-------------------------------------------------------------+
+
+Example::
+
+    >>> import torch
+    >>> OpTable().traits(torch.ops.aten.add_.Tensor).mutated_args
+    (0,)
+    >>> OpTable().traits(torch.ops.aten._local_scalar_dense.default).kind
+    <Kind.SYNC: 'sync'>
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+
+class Kind(enum.Enum):
+    RECORD = "record"
+    VIEW = "view"
+    METADATA = "metadata"
+    SYNC = "sync"
+    RANDOM = "random"
+    COLLECTIVE = "collective"
+
+
+@dataclass(frozen=True, slots=True)
+class OpTraits:
+    """What the schema says about one overload.
+
+    ``mutated_args``: positions (int) or keyword names (str) of arguments written.
+    ``return_alias``: for each return, the argument position/name it aliases, or None.
+    ``reason``: why a SYNC op syncs (for flush statistics).
+    """
+
+    kind: Kind
+    mutated_args: tuple[int | str, ...] = ()
+    return_alias: tuple[int | str | None, ...] = ()
+    reason: str = ""
+    random_fill: bool = False
+
+
+# Ops that answer from metadata alone, though they return Python values.
+_METADATA_OPS = {
+    "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset",
+    "aten::size", "aten::stride", "aten::numel", "aten::dim", "aten::is_contiguous",
+    "aten::is_strides_like_format", "aten::is_non_overlapping_and_dense", "aten::is_same_size",
+    "aten::is_complex", "aten::is_floating_point", "aten::is_signed", "aten::is_conj",
+    "aten::is_neg", "aten::_has_compatible_shallow_copy_type", "aten::is_inference",
+    "aten::is_leaf", "aten::output_nr", "aten::_version", "aten::requires_grad_",
+    "aten::retain_grad", "aten::retains_grad", "aten::_is_zerotensor", "aten::result_type",
+    "aten::can_cast", "aten::promote_types", "aten::is_set_to", "aten::is_distributed",
+    "aten::_nnz", "aten::sparse_dim", "aten::dense_dim",
+}
+
+# In-place ops that change a tensor's metadata (or storage), not only its values.
+_METADATA_MUTATING = {
+    "aten::resize_", "aten::resize_as_", "aten::set_", "aten::as_strided_", "aten::t_",
+    "aten::transpose_", "aten::squeeze_", "aten::unsqueeze_", "aten::swapdims_",
+    "aten::swapaxes_", "aten::_resize_output_", "aten::detach_", "aten::_coalesced_",
+    "aten::sparse_resize_", "aten::sparse_resize_and_clear_", "aten::share_memory_",
+}
+
+# Ops with data-dependent results or effects not flagged by tags.
+_DATA_DEPENDENT = {
+    "aten::nonzero", "aten::nonzero_static", "aten::nonzero_numpy", "aten::masked_select",
+    "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+    "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::argwhere",
+    "aten::repeat_interleave", "aten::_assert_async", "aten::_assert_scalar",
+    "aten::_print", "aten::_local_scalar_dense", "aten::item", "aten::equal",
+    "aten::is_nonzero", "aten::allclose", "aten::to_sparse", "aten::_to_sparse",
+    "aten::histc", "aten::bincount", "aten::histogram", "aten::_histogramdd_bin_edges",
+    "aten::record_stream", "aten::_assert_tensor_metadata", "aten::_functional_assert_async",
+    "aten::_make_dep_token", "aten::_sparse_coo_tensor_with_dims_and_tensors",
+    "aten::_pin_memory", "aten::pin_memory", "aten::is_pinned",
+}
+
+# In-place random ops whose result does not depend on the values they overwrite,
+# provided their other tensor arguments are real (Note [RNG]).
+_RANDOM_FILL = {
+    "aten::uniform_", "aten::normal_", "aten::bernoulli_", "aten::random_",
+    "aten::exponential_", "aten::geometric_", "aten::cauchy_", "aten::log_normal_",
+}
+
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor")
+
+_TENSOR_TYPES = ("Tensor", "Tensor?", "Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]")
+
+
+def _is_tensor_type(t: Any) -> bool:
+    return str(t) in _TENSOR_TYPES
+
+
+def derive_traits(func: torch._ops.OpOverload) -> OpTraits:
+    """Read an overload's schema and tags into OpTraits (pure; see OpTable for the cache)."""
+    schema = func._schema
+    name = schema.name
+    namespace = name.split("::", 1)[0]
+    if namespace in _COLLECTIVE_NAMESPACES:
+        return OpTraits(Kind.COLLECTIVE, reason="collective")
+    if name in _METADATA_OPS:
+        return OpTraits(Kind.METADATA)
+    if name in _METADATA_MUTATING:
+        return OpTraits(Kind.SYNC, reason="metadata_mutation")
+    tags = func.tags
+    if name in _DATA_DEPENDENT or torch.Tag.dynamic_output_shape in tags or \
+            torch.Tag.data_dependent_output in tags:
+        return OpTraits(Kind.SYNC, reason="data_dependent")
+    if not all(_is_tensor_type(r.type) for r in schema.returns):
+        return OpTraits(Kind.SYNC, reason="non_tensor_output")
+
+    mutated: list[int | str] = []
+    alias_sets: dict[str, int | str] = {}
+    for i, a in enumerate(schema.arguments):
+        key: int | str = a.name if a.kwarg_only else i
+        info = a.alias_info
+        if info is None:
+            continue
+        for s in info.before_set:
+            alias_sets.setdefault(s, key)
+        if info.is_write:
+            mutated.append(key)
+    return_alias: list[int | str | None] = []
+    writes_return = False
+    for r in schema.returns:
+        info = r.alias_info
+        if info is None:
+            return_alias.append(None)
+            continue
+        target = next((alias_sets[s] for s in info.before_set if s in alias_sets), None)
+        return_alias.append(target)
+        writes_return = writes_return or info.is_write
+    if torch.Tag.nondeterministic_seeded in tags:
+        fill = name in _RANDOM_FILL and mutated == [0]
+        return OpTraits(Kind.RANDOM, tuple(mutated), tuple(return_alias), random_fill=fill)
+    is_view = not mutated and any(a is not None for a in return_alias)
+    kind = Kind.VIEW if is_view else Kind.RECORD
+    return OpTraits(kind, tuple(mutated), tuple(return_alias))
+
+
+class OpTable:
+    """Memoized :func:`derive_traits`, plus ops learned at run time to lack a meta kernel."""
+
+    def __init__(self) -> None:
+        self._traits: dict[Any, OpTraits] = {}
+
+    def traits(self, func: torch._ops.OpOverload) -> OpTraits:
+        t = self._traits.get(func)
+        if t is None:
+            t = self._traits[func] = derive_traits(func)
+        return t
+
+    def mark_no_meta(self, func: torch._ops.OpOverload) -> None:
+        """After meta execution failed and the real op worked: always sync this op."""
+        self._traits[func] = OpTraits(Kind.SYNC, reason="no_meta_kernel")
+
+
+__all__ = ["Kind", "OpTraits", "OpTable", "derive_traits"]

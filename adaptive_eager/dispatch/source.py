@@ -1,0 +1,34 @@
+"""The user's source line: the first frame outside adaptive_eager and torch.
+
+Recorded for every flush, so the report can say which line forced a sync.
+
+Example::
+
+    >>> user_source().endswith(">:1") or ":" in user_source()
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_SKIP = (_PKG_DIR + os.sep, _TORCH_DIR + os.sep, "<frozen ", os.path.dirname(os.__file__) + os.sep + "contextlib.py")
+
+
+def user_source(depth: int = 1) -> str:
+    """``"file:line (function)"`` of the innermost frame that is the user's code."""
+    f = sys._getframe(depth)
+    while f is not None:
+        fname = f.f_code.co_filename
+        if not fname.startswith(_SKIP):
+            return f"{fname}:{f.f_lineno} ({f.f_code.co_name})"
+        f = f.f_back
+    return "<unknown>"
+
+
+__all__ = ["user_source"]

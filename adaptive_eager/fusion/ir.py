@@ -1,0 +1,172 @@
+"""The micro-graph IR: what a flushed window hands to the runtime.
+
+A window is a straight-line program of ATen ops in the order the user's program
+issued them. Values are numbered with small ints ("value ids"), shared by the
+window's real-tensor inputs and its ops' outputs.
+
++------------+----------------------------------------------------------------+
+| piece      | meaning                                                        |
++============+================================================================+
+| ValueRef   | stands for a tensor argument inside ``OpNode.args``/``kwargs``  |
+| OpNode     | one ATen op: target, args with ValueRefs, the value ids of its |
+|            | tensor results (in-place ops name the id they mutate), and the |
+|            | ids it mutates                                                 |
+| TensorSpec | metadata of one value (shape, stride, offset, dtype, device)   |
+| Window     | inputs (id -> real tensor), nodes, specs, live outputs, and    |
+|            | the reason the window was flushed                              |
++------------+----------------------------------------------------------------+
+
+Semantics: running ``nodes`` in order with real tensors, in-place ops mutating
+their arguments and view ops returning real views, is exactly what eager would
+have done. Anything that reorders or fuses nodes (the partitioner, a compiler)
+must preserve that meaning; the aliasing facts it needs are ``OpNode.mutates``,
+``OpNode.is_view`` and ``Window.alias_root``.
+
+Example::
+
+    >>> import torch
+    >>> aten = torch.ops.aten
+    >>> x = torch.ones(3)
+    >>> spec = TensorSpec.of(x)
+    >>> w = Window(
+    ...     inputs={0: x},
+    ...     nodes=(OpNode(aten.mul.Tensor, (ValueRef(0), ValueRef(0)), (), (1,)),),
+    ...     specs={0: spec, 1: spec},
+    ...     outputs=frozenset({1}),
+    ... )
+    >>> [n.target for n in w.nodes]
+    [<OpOverload(op='aten.mul', overload='Tensor')>]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class ValueRef:
+    """A tensor argument of an op, by value id."""
+
+    id: int
+
+    def __repr__(self) -> str:
+        return f"%{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """Everything about a tensor except its data."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorSpec":
+        return TensorSpec(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class OpNode:
+    """One recorded ATen op.
+
+    ``outputs`` lists the value id of each tensor in the op's flattened result
+    (``None`` for a ``None`` slot); an in-place or ``out=`` op lists the id of the
+    tensor it returns, which is the id it mutates. ``mutates`` lists every id the op
+    writes. ``is_view`` is true when the results alias an argument without writing.
+    ``source`` is optional: the user's line that issued the op, when recorded.
+    """
+
+    target: Any
+    args: tuple
+    kwargs: tuple[tuple[str, Any], ...]
+    outputs: tuple[int | None, ...]
+    mutates: tuple[int, ...] = ()
+    is_view: bool = False
+    source: str | None = None
+
+    def inputs(self) -> Iterator[int]:
+        """Value ids read by this op, in argument order (with repeats)."""
+        for a in _leaves(self.args):
+            if isinstance(a, ValueRef):
+                yield a.id
+        for _, a in self.kwargs:
+            for leaf in _leaves((a,)):
+                if isinstance(leaf, ValueRef):
+                    yield leaf.id
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.target, "__name__", self.target))
+
+
+def _leaves(args: tuple) -> Iterator[Any]:
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from _leaves(a)
+        else:
+            yield a
+
+
+@dataclass(frozen=True)
+class Window:
+    """A flushed window: the unit of work handed from dispatch to the runtime.
+
+    ``outputs`` are the ids whose tensors the program can still see (live handles);
+    values outside it are intermediates that need never be materialized. Inputs
+    listed in some node's ``mutates`` must be updated in place by whoever runs the
+    window. ``alias_root`` maps a value produced by a view op to the value whose
+    storage it shares (absent: the value is its own root).
+    """
+
+    inputs: Mapping[int, torch.Tensor]
+    nodes: tuple[OpNode, ...]
+    specs: Mapping[int, TensorSpec]
+    outputs: frozenset[int]
+    alias_root: Mapping[int, int] = field(default_factory=dict)
+    reason: str = "sync"
+    source: str | None = None
+
+    def mutated_inputs(self) -> frozenset[int]:
+        """Ids of real input tensors (or views of them) written by some node."""
+        roots = set()
+        for node in self.nodes:
+            for vid in node.mutates:
+                roots.add(self.alias_root.get(vid, vid))
+        return frozenset(r for r in roots if r in self.inputs)
+
+    def root(self, vid: int) -> int:
+        return self.alias_root.get(vid, vid)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+def map_refs(obj: Any, env: Mapping[int, Any]) -> Any:
+    """Replace every ValueRef in a (nested) args structure by ``env[id]``."""
+    if isinstance(obj, ValueRef):
+        return env[obj.id]
+    if isinstance(obj, tuple):
+        return tuple(map_refs(o, env) for o in obj)
+    if isinstance(obj, list):
+        return [map_refs(o, env) for o in obj]
+    return obj
+
+
+__all__ = ["ValueRef", "TensorSpec", "OpNode", "Window", "map_refs"]

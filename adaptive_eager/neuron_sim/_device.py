@@ -1,0 +1,96 @@
+"""The `torch.neuron` device module and the PrivateUse1 hooks of the emulated device.
+
+`enable()` registers `NeuronDeviceModule()` as `torch.neuron` (via
+`torch._register_device_module`), which is what `torch.neuron.is_available()`,
+`torch.manual_seed` (it calls `manual_seed_all` on the device module) and
+`torch.accelerator` look up.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["NeuronDeviceModule", "NeuronHooks", "NeuronDeviceGuard"]
+
+
+class NeuronDeviceModule:
+    """`torch.neuron`: a single emulated device whose memory is host memory.
+
+    Example::
+
+        >>> torch.neuron.is_available(), torch.neuron.device_count()
+        (True, 1)
+    """
+
+    # NB: the C++ Python device guard hard-codes one device (deviceCount() == 1,
+    # getDevice() == index 0), so more than one emulated device is not reachable.
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def set_device(device: int | str | torch.device) -> None:
+        index = torch.device(device).index if not isinstance(device, int) else device
+        if index not in (None, 0):
+            raise RuntimeError(f"neuron: invalid device index {index} (device_count() == 1)")
+
+    @staticmethod
+    def synchronize(device: int | str | torch.device | None = None) -> None:
+        """Kernels run synchronously on the host: nothing to wait for."""
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        # Neuron random ops draw from the CPU default generator (see _kernels).
+        torch.default_generator.manual_seed(seed)
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        torch.default_generator.manual_seed(seed)
+
+    @staticmethod
+    def get_rng_state(device: int | str | torch.device = "neuron") -> torch.Tensor:
+        return torch.default_generator.get_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device: int | str | torch.device = "neuron") -> None:
+        torch.default_generator.set_state(state)
+
+    def __repr__(self) -> str:
+        return "<torch.neuron (adaptive_eager.neuron_sim emulator)>"
+
+
+class NeuronHooks(torch._C._acc.PrivateUse1Hooks):
+    """PrivateUse1 hooks: the backend is built and available."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class NeuronDeviceGuard(torch._C._acc.DeviceGuard):
+    """Device guard: PrivateUse1, one device, one default stream (C++ defaults)."""
+
+    def type_(self) -> torch._C._autograd.DeviceType:
+        return torch._C._autograd.DeviceType.PrivateUse1

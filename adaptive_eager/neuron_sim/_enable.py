@@ -1,0 +1,117 @@
+"""Turning the emulated device on: checks, PrivateUse1 setup, kernel registration.
+
+# Note [Enabling is one-way]
+Renaming PrivateUse1, registering the hooks/guard and the device module are
+process-global and irreversible in torch, so `enable()` is idempotent and there is
+no `disable()`. The only state is the `_STATE` registry below.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import threading
+
+import torch
+
+from . import _kernels
+from ._launch import set_launch_latency_us
+
+__all__ = ["enable", "is_enabled", "maybe_enable_from_env", "ENV_VAR"]
+
+ENV_VAR = "ADAPTIVE_EAGER_NEURON_SIM"
+_DEFAULT_BACKEND_NAME = "privateuseone"
+
+
+class _EnableState:
+    """Registry of what `enable()` did (see Note [Enabling is one-way])."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.enabled = False
+        self.libraries: list[torch.library.Library] = []
+
+
+_STATE = _EnableState()
+
+
+def is_enabled() -> bool:
+    return _STATE.enabled
+
+
+def _refuse_if_unsafe() -> None:
+    if importlib.util.find_spec("torch_neuronx") is not None:
+        raise RuntimeError(
+            "adaptive_eager.neuron_sim: refusing to emulate the 'neuron' device because "
+            "the real torch_neuronx is installed; use the real device instead "
+            f"(unset {ENV_VAR} or do not call neuron_sim.enable())."
+        )
+    name = torch._C._get_privateuse1_backend_name()
+    if name != _DEFAULT_BACKEND_NAME:
+        raise RuntimeError(
+            "adaptive_eager.neuron_sim: refusing to enable: the PrivateUse1 backend is "
+            f"already registered as {name!r} by another library; torch allows only one "
+            "PrivateUse1 backend per process."
+        )
+
+
+def enable(launch_latency_us: float | None = None) -> None:
+    with _STATE.lock:
+        if not _STATE.enabled:
+            _refuse_if_unsafe()
+            _setup_backend()
+            _STATE.enabled = True
+    if launch_latency_us is not None:
+        set_launch_latency_us(launch_latency_us)
+
+
+def _setup_backend() -> None:
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    from ._device import NeuronDeviceGuard, NeuronDeviceModule, NeuronHooks
+
+    _setup_privateuseone_for_python_backend(
+        rename=_kernels.DEVICE_TYPE,
+        backend_module=NeuronDeviceModule(),
+        hook=NeuronHooks(),
+        device_guard=NeuronDeviceGuard(),
+    )
+    fallback_library = torch.library.Library("_", "IMPL")
+    fallback_library.fallback(_kernels.neuron_fallback, dispatch_key="PrivateUse1")
+    aten_library = torch.library.Library("aten", "IMPL")
+    for op in _ops_with_cpu_and_composite_kernels():
+        aten_library.impl(op, functools.partial(_kernels.neuron_fallback, op), "PrivateUse1")
+    # Keep both alive: dropping a Library unregisters its kernels.
+    _STATE.libraries = [fallback_library, aten_library]
+
+
+def _ops_with_cpu_and_composite_kernels() -> list[torch._ops.OpOverload]:
+    # Note [CPU kernels over composite ones]
+    # A backend without its own kernel for an op that has a CompositeExplicitAutograd
+    # (or ...NonFunctional) kernel gets the composite, not the fallback: e.g.
+    # native_layer_norm would run as a batch_norm decomposition and differ from CPU
+    # eager in the last bit, and structured ops (add, mul, ...) would go through
+    # meta + empty + out= (three dispatches). Where CPU has a dedicated kernel we
+    # register the fallback explicitly, so neuron numerics equal CPU eager bit for bit.
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    ops = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::") or not has_kernel(name, "CPU"):
+            continue
+        if not (
+            has_kernel(name, "CompositeExplicitAutograd")
+            or has_kernel(name, "CompositeExplicitAutogradNonFunctional")
+        ):
+            continue
+        op_name, _, overload = name[len("aten::"):].partition(".")
+        ops.append(getattr(getattr(torch.ops.aten, op_name), overload or "default"))
+    return ops
+
+
+def maybe_enable_from_env() -> bool:
+    value = os.environ.get(ENV_VAR, "")
+    if value.strip().lower() in ("", "0", "false", "no", "off"):
+        return False
+    enable()
+    return True

@@ -1,0 +1,61 @@
+"""Counters: what the runtime did, kept in one place the statistics API grows from.
+
+A :class:`Counters` object is owned by one runtime session (a mode and its
+executor); it is mutable on purpose (cheap increments on the hot path) and
+snapshotted into the frozen ``adaptive_eager.stats()`` dataclass.
+
+Example::
+
+    >>> c = Counters()
+    >>> c.note_flush("item", "train.py:12")
+    >>> c.flushes["item"], c.sync_sites["train.py:12"]
+    (1, 1)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Counters:
+    ops_captured: int = 0          # ops recorded into windows
+    ops_passthrough: int = 0       # target-device ops run straight through (not deferred)
+    ops_executed: int = 0          # recorded ops run by an executor (eager or compiled)
+    ops_fused: int = 0             # of those, ops run inside compiled regions
+    ops_eager: int = 0             # of those, ops replayed eagerly
+    windows: int = 0               # windows flushed
+    flushes: Counter = field(default_factory=Counter)       # reason -> count
+    sync_sites: Counter = field(default_factory=Counter)    # user source line -> count
+    fallback_ops: Counter = field(default_factory=Counter)  # "op: reason" -> count
+    regions_compiled: int = 0
+    compiled_calls: int = 0
+    compile_failures: int = 0
+    demotions: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    compile_time_s: float = 0.0
+    compiles_in_flight: int = 0
+    meta_hits: int = 0
+    meta_misses: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def note_flush(self, reason: str, site: str | None) -> None:
+        self.flushes[reason] += 1
+        if site is not None:
+            self.sync_sites[site] += 1
+
+    def note_fallback(self, op: str, reason: str) -> None:
+        self.fallback_ops[f"{op}: {reason}"] += 1
+
+    def reset(self) -> None:
+        fresh = Counters()
+        for name in self.__dataclass_fields__:
+            if name != "lock":
+                setattr(self, name, getattr(fresh, name))
+
+
+__all__ = ["Counters"]

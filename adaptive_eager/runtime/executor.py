@@ -1,0 +1,90 @@
+"""Executors: how a flushed window is turned into real tensors.
+
+The contract (``Executor.run``) takes a :class:`~adaptive_eager.fusion.ir.Window` and
+returns ``{value id: real tensor}`` for every id in ``window.outputs``, having
+applied every in-place update of the window's real inputs. :class:`EagerExecutor`
+replays the window op by op; the compiled executor (``runtime.compiled``) runs
+hot regions through a compile backend and delegates the rest to it.
+
+Example::
+
+    >>> import torch
+    >>> from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
+    >>> x = torch.ones(2)
+    >>> w = Window({0: x}, (OpNode(torch.ops.aten.add.Tensor, (ValueRef(0), ValueRef(0)), (), (1,)),),
+    ...            {0: TensorSpec.of(x), 1: TensorSpec.of(x)}, frozenset({1}))
+    >>> EagerExecutor().run(w)[1]
+    tensor([2., 2.])
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Mapping, Protocol
+
+import torch
+
+from ..fusion.ir import OpNode, Window, map_refs
+
+_K = torch._C.DispatchKey
+_AUTOCAST_KEYS = torch._C.DispatchKeySet(_K.AutocastCPU)
+for _name in ("AutocastCUDA", "AutocastXPU", "AutocastMPS", "AutocastPrivateUse1", "AutocastHPU"):
+    if hasattr(_K, _name):
+        _AUTOCAST_KEYS = _AUTOCAST_KEYS | torch._C.DispatchKeySet(getattr(_K, _name))
+
+
+# Note [Replay below autograd]
+# A window holds ops the dispatcher had already passed through autograd, autocast
+# and every Python mode above ours when they were recorded. Replaying them must
+# not go through those layers again: autograd would record a second graph (and
+# refuse in-place updates of leaves), autocast would cast a second time, and our own
+# mode would capture the replay. So replay runs with those keys excluded, exactly
+# where the op would have run had our mode computed it on the spot.
+@contextlib.contextmanager
+def replay_guard() -> Iterator[None]:
+    """Run ATen ops as the backend kernel would, below autograd, autocast and Python modes."""
+    with torch._C._AutoDispatchBelowADInplaceOrView(), \
+            torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS), \
+            torch._C._DisableTorchDispatch():
+        yield
+
+
+def run_node(node: OpNode, env: dict[int, torch.Tensor]) -> None:
+    """Run one node on real tensors from ``env`` and store its results in ``env``."""
+    args = map_refs(node.args, env)
+    kwargs = {k: map_refs(v, env) for k, v in node.kwargs}
+    out = node.target(*args, **kwargs)
+    outs = node.outputs
+    if not outs:
+        return
+    if isinstance(out, torch.Tensor):
+        env[outs[0]] = out
+        return
+    for vid, t in zip(outs, out):
+        if vid is not None:
+            env[vid] = t
+
+
+class Executor(Protocol):
+    """Runs a window; see the module docstring for the contract."""
+
+    def run(self, window: Window) -> Mapping[int, torch.Tensor]:
+        ...
+
+
+class EagerExecutor:
+    """Replays a window op by op, as eager would have run it.
+
+    Intermediates are dropped from the environment as soon as no later node reads
+    them and the program no longer holds them, so peak memory stays at eager's.
+    """
+
+    def run(self, window: Window) -> Mapping[int, torch.Tensor]:
+        env: dict[int, torch.Tensor] = dict(window.inputs)
+        with replay_guard():
+            for node in window.nodes:
+                run_node(node, env)
+        return {vid: env[vid] for vid in window.outputs}
+
+
+__all__ = ["Executor", "EagerExecutor", "replay_guard", "run_node"]

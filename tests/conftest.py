@@ -1,0 +1,18 @@
+"""Shared fixtures: every test starts with fresh statistics and no leftover mode."""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    from adaptive_eager import session
+
+    session.counters().reset()
+    torch.manual_seed(0)
+    yield
+    assert session.current_mode() is None, "a test left an adaptive_eager mode active"
