@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NeuronDeviceModule", "NeuronHooks", "NeuronDeviceGuard"]
+__all__ = ["NeuronDeviceModule", "NeuronHooks", "NeuronDeviceGuard", "check_device_index"]
+
+
+def check_device_index(index: int | None) -> None:
+    """Raise eager's invalid-ordinal RuntimeError for any neuron index but 0 (or None)."""
+    if index not in (None, 0, -1):
+        raise RuntimeError(
+            f"neuron: invalid device ordinal {index}: the emulator has one device "
+            "(torch.neuron.device_count() == 1)"
+        )
 
 
 class NeuronDeviceModule:
@@ -47,9 +56,27 @@ class NeuronDeviceModule:
 
     @staticmethod
     def set_device(device: int | str | torch.device) -> None:
-        index = torch.device(device).index if not isinstance(device, int) else device
-        if index not in (None, 0):
-            raise RuntimeError(f"neuron: invalid device index {index} (device_count() == 1)")
+        index = device if isinstance(device, int) else torch.device(device).index
+        check_device_index(index)
+
+    class device:
+        """Context manager selecting a neuron device; only index 0 exists.
+
+        Example::
+
+            >>> with torch.neuron.device(0):
+            ...     pass
+        """
+
+        def __init__(self, device: int | str | torch.device | None) -> None:
+            if device is not None:
+                NeuronDeviceModule.set_device(device)
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc_info: object) -> None:
+            return None
 
     @staticmethod
     def synchronize(device: int | str | torch.device | None = None) -> None:

@@ -58,15 +58,24 @@ class _DLTensor(ctypes.Structure):
     ]
 
 
+to_dlpack = torch._C._to_dlpack
+from_dlpack = torch._C._from_dlpack
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
+# Byte offset of DLTensor.device.device_type, written through a c_int32 view:
+# building ctypes structures or calling memmove per conversion costs several µs,
+# and every op converts two or three tensors.
+_DEVICE_TYPE_OFFSET = _DLTensor.device.offset + _DLDevice.device_type.offset
+_int32_at = ctypes.c_int32.from_address
 
-def retarget(t: torch.Tensor, device_type: int, device_index: int = 0) -> torch.Tensor:
+
+def retarget(t: torch.Tensor, device_type: int) -> torch.Tensor:
     """Return a tensor aliasing `t`'s memory whose device is `device_type`.
 
-    `device_type` is a DLPack device code: `KDL_CPU` or `KDL_EXT_DEV` (neuron).
+    `device_type` is a DLPack device code: `KDL_CPU` or `KDL_EXT_DEV` (neuron); the
+    device index stays 0 (the emulator has one device).
     Sizes, strides and dtype are preserved; autograd history is not (the result is a
     fresh leaf, like `t.detach()`).
 
@@ -77,8 +86,7 @@ def retarget(t: torch.Tensor, device_type: int, device_index: int = 0) -> torch.
         >>> retarget(n, KDL_CPU).data_ptr() == x.data_ptr()
         True
     """
-    capsule = torch._C._to_dlpack(t)
-    dl_tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
-    dl_tensor.device.device_type = device_type
-    dl_tensor.device.device_id = device_index
-    return torch._C._from_dlpack(capsule)
+    capsule = to_dlpack(t)
+    address = _capsule_pointer(capsule, b"dltensor")
+    _int32_at(address + _DEVICE_TYPE_OFFSET).value = device_type
+    return from_dlpack(capsule)

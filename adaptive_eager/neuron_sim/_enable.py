@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from . import _kernels
+from . import _kernels, _storage
 from ._launch import set_launch_latency_us
 
 __all__ = ["enable", "is_enabled", "maybe_enable_from_env", "ENV_VAR"]
@@ -82,6 +82,7 @@ def _setup_backend() -> None:
     aten_library = torch.library.Library("aten", "IMPL")
     for op in _ops_with_cpu_and_composite_kernels():
         aten_library.impl(op, functools.partial(_kernels.neuron_fallback, op), "PrivateUse1")
+    _storage.install()
     # Keep both alive: dropping a Library unregisters its kernels.
     _STATE.libraries = [fallback_library, aten_library]
 
@@ -94,8 +95,10 @@ def _ops_with_cpu_and_composite_kernels() -> list[torch._ops.OpOverload]:
     # eager in the last bit, and structured ops (add, mul, ...) would go through
     # meta + empty + out= (three dispatches). Where CPU has a dedicated kernel we
     # register the fallback explicitly, so neuron numerics equal CPU eager bit for bit.
+    # convolution(_backward) are added by name: their composites route a backend
+    # other than CPU/CUDA to convolution_overrideable, which has no kernel at all.
     has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
-    ops = []
+    ops = [torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default]
     for name in torch._C._dispatch_get_all_op_names():
         if not name.startswith("aten::") or not has_kernel(name, "CPU"):
             continue

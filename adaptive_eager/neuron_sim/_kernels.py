@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from . import _dlpack
+from ._device import check_device_index
 from ._launch import record_launch
 
 __all__ = ["neuron_fallback", "to_cpu_view", "from_cpu", "DEVICE_TYPE"]
@@ -73,32 +74,23 @@ def _iter_tensors(values: Any) -> Any:
             yield from (x for x in v if isinstance(x, torch.Tensor))
 
 
-# Ops that accept non-scalar CPU tensors next to device tensors in eager CUDA:
-# copies between devices, and CPU index tensors in advanced indexing.
-_MIXED_DEVICE_OK = frozenset(
-    {
-        "aten::_copy_from",
-        "aten::_copy_from_and_resize",
-        "aten::copy_",
-        "aten::index",
-        "aten::index_put",
-        "aten::index_put_",
-        "aten::_index_put_impl_",
-    }
-)
-
-
 def _check_same_device(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
     """Raise eager's mixed-device RuntimeError (0-dim CPU tensors are allowed, as on CUDA)."""
-    if op._schema.name in _MIXED_DEVICE_OK:
-        return
-    for t in _iter_tensors((*args, *kwargs.values())):
-        if t.device.type != DEVICE_TYPE and t.dim() != 0:
-            raise RuntimeError(
-                "Expected all tensors to be on the same device, but found at least "
-                f"two devices, {DEVICE_TYPE}:0 and {t.device}! "
-                f"(when checking arguments for {op._schema.name})"
-            )
+    for t in _iter_tensors(args):
+        if t.dim() != 0 and t.device.type != DEVICE_TYPE:
+            _raise_mixed_device(op, t)
+    if kwargs:
+        for t in _iter_tensors(kwargs.values()):
+            if t.dim() != 0 and t.device.type != DEVICE_TYPE:
+                _raise_mixed_device(op, t)
+
+
+def _raise_mixed_device(op: torch._ops.OpOverload, t: torch.Tensor) -> None:
+    raise RuntimeError(
+        "Expected all tensors to be on the same device, but found at least two "
+        f"devices, {DEVICE_TYPE}:0 and {t.device}! "
+        f"(when checking arguments for {op._schema.name})"
+    )
 
 
 def _to_cpu_arg(x: Any, views: dict[int, torch.Tensor]) -> Any:
@@ -164,6 +156,9 @@ def _call_out_op_with_resize(op: torch._ops.OpOverload, args: tuple, kwargs: dic
 
 
 def _empty(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> torch.Tensor:
+    device = kwargs.get("device")
+    if device is not None:
+        check_device_index(device.index)
     kwargs["device"] = _CPU
     kwargs.pop("pin_memory", None)
     return from_cpu(op(*args, **kwargs))
@@ -229,6 +224,17 @@ def _redispatch_to_cpu_kernel(op: torch._ops.OpOverload, *args: Any, **kwargs: A
     return op.redispatch(_CPU_KEYSET, *args, **kwargs)
 
 
+def _compute(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    _check_same_device(op, args, kwargs)
+    record_launch()
+    return _call_on_cpu(op, args, kwargs)
+
+
+def _compute_mixed_devices_ok(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    record_launch()
+    return _call_on_cpu(op, args, kwargs)
+
+
 _SPECIAL: dict[str, Callable[..., Any]] = {
     "aten::empty.memory_format": _empty,
     "aten::empty_strided": _empty,
@@ -241,18 +247,28 @@ _SPECIAL: dict[str, Callable[..., Any]] = {
     "aten::set_": _redispatch_to_cpu_kernel,
 }
 
+# Ops that accept non-scalar CPU tensors next to device tensors in eager CUDA:
+# CPU index tensors in advanced indexing (copies are in _SPECIAL).
+_MIXED_DEVICES_OK = frozenset(
+    {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
+)
 
-def _op_key(op: torch._ops.OpOverload) -> str:
-    overload = op._overloadname
-    name = op._schema.name
-    return name if overload in ("", "default") else f"{name}.{overload}"
+# Cache: op -> kernel, filled on first use by `_route` (a pure function of the op).
+_ROUTES: dict[torch._ops.OpOverload, Callable[..., Any]] = {}
 
 
-def _is_view(op: torch._ops.OpOverload) -> bool:
-    returns = op._schema.returns
-    if not returns or returns[0].alias_info is None:
-        return False
-    return not returns[0].alias_info.is_write
+def _route(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    schema = op._schema
+    overload = schema.overload_name
+    special = _SPECIAL.get(f"{schema.name}.{overload}" if overload else schema.name)
+    if special is not None:
+        return special
+    returns = schema.returns
+    if returns and returns[0].alias_info is not None and not returns[0].alias_info.is_write:
+        return _redispatch_to_cpu_kernel  # a view: Note [Views run the CPU kernel ...]
+    if schema.name in _MIXED_DEVICES_OK:
+        return _compute_mixed_devices_ok
+    return _compute
 
 
 def neuron_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
@@ -264,11 +280,7 @@ def neuron_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any
         >>> (x + x).cpu()          # add.Tensor -> neuron_fallback -> CPU kernel
         tensor([2., 2.])
     """
-    special = _SPECIAL.get(_op_key(op))
-    if special is not None:
-        return special(op, *args, **kwargs)
-    if _is_view(op):
-        return _redispatch_to_cpu_kernel(op, *args, **kwargs)
-    _check_same_device(op, args, kwargs)
-    record_launch()
-    return _call_on_cpu(op, args, kwargs)
+    kernel = _ROUTES.get(op)
+    if kernel is None:
+        kernel = _ROUTES[op] = _route(op)
+    return kernel(op, *args, **kwargs)
