@@ -66,6 +66,41 @@ class DeferredError(RuntimeError):
     """A handle whose deferred computation failed when its window was flushed."""
 
 
+# Note [In-place metadata changes]
+# squeeze_, resize_, set_, as_strided_ ... change a tensor's shape or strides, not
+# only its values. They run for real on a handle's real tensor (after a flush), and
+# the handle, which the program holds and eager would have changed in place, is then
+# given the real tensor's new metadata by restriding the wrapper itself.
+def restride(handle: "LazyTensor") -> None:
+    """Give a bound handle its real tensor's shape, stride and offset."""
+    real = handle._ae_real
+    if real is None:
+        return
+    spec = TensorSpec.of(real)
+    if spec == handle._ae_spec:
+        return
+    extent = spec.storage_offset + 1
+    for size, stride in zip(spec.shape, spec.stride):
+        extent += (size - 1) * abs(stride) if size else 0
+    aten = torch.ops.aten
+    with torch._C._DisableTorchDispatch(), torch._C._AutoDispatchBelowADInplaceOrView():
+        aten.resize_.default(handle, [extent])  # room for the new view in the (empty) wrapper storage
+        aten.as_strided_.default(handle, spec.shape, spec.stride, spec.storage_offset)
+    handle._ae_spec = spec
+
+
+def restride_all(obj: Any) -> None:
+    """:func:`restride` every handle in a (nested) args structure."""
+    if isinstance(obj, LazyTensor):
+        restride(obj)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            restride_all(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            restride_all(o)
+
+
 class LazyTensor(torch.Tensor):
     """A deferred tensor. See the module docstring."""
 
@@ -113,8 +148,11 @@ class LazyTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        args, kwargs = unwrap_all(args, kwargs, "escaped")
-        return func(*args, **kwargs)
+        real_args, real_kwargs = unwrap_all(args, kwargs, "escaped")
+        out = func(*real_args, **real_kwargs)
+        if func._schema.is_mutable:
+            restride_all((args, kwargs))  # Note [In-place metadata changes]
+        return out
 
     # -- Python-level reads: always of the real tensor -------------------------------
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]

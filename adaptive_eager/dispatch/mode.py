@@ -141,7 +141,12 @@ class AdaptiveEagerMode(TorchDispatchMode):
     def _on_sync(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
         if traits.reason in ("data_dependent", "no_meta_kernel", "metadata_mutation"):
             self.counters.note_fallback(func.name(), traits.reason)
-        return self._sync_then_run(func, args, kwargs, _sync_reason(func, traits))
+        from .lazy import restride_all  # noqa: PLC0415 - only on this rare path
+
+        out = self._sync_then_run(func, args, kwargs, _sync_reason(func, traits))
+        if traits.reason == "metadata_mutation":
+            restride_all((args, kwargs))  # Note [In-place metadata changes]
+        return out
 
     def _on_random(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
         # Note [RNG]
