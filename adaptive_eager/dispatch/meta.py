@@ -51,9 +51,20 @@ class MetaResult:
 class MetaFailure(Exception):
     """Meta execution raised; ``error`` is what it raised."""
 
+    # Whether the op is then marked as lacking a meta kernel (synced from now on).
+    marks_op = True
+
     def __init__(self, error: BaseException):
         super().__init__(str(error))
         self.error = error
+
+
+class Uncapturable(MetaFailure):
+    """The call is valid but its result cannot be a handle: a sparse layout, or a
+    conjugate/negative view bit (``fft.ifft`` of a real input) that a wrapper's spec
+    does not carry. It runs for real this time; the op is not marked."""
+
+    marks_op = False
 
 
 def _meta_tensor(spec: TensorSpec) -> torch.Tensor:
@@ -104,6 +115,10 @@ def meta_execute(
         out = func(*margs, **mkwargs)
     except Exception as e:  # noqa: BLE001 - reported by the caller
         raise MetaFailure(e) from e
+    for t in (out,) if isinstance(out, torch.Tensor) else (out or ()):
+        if isinstance(t, torch.Tensor) and (t.layout != torch.strided or t.is_conj() or t.is_neg()):
+            raise Uncapturable(RuntimeError(f"{func} returns a {t.layout} tensor "
+                                            f"(conj={t.is_conj()}, neg={t.is_neg()})"))
     if out is None:
         return MetaResult((), "none")
     if isinstance(out, torch.Tensor):

@@ -185,6 +185,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
         # Meta execution failed: either the call is invalid (eager raises too, and must
         # raise here, at the user's line) or the op lacks a meta kernel. Running it for
         # real tells which; only the second is remembered.
+        if not failure.marks_op:  # valid, but its result cannot be a handle
+            return self._sync_then_run(func, args, kwargs, "uncapturable")
         self.flush("no_meta_kernel")
         out = self._run_real(func, args, kwargs)
         log.debug("no meta kernel for %s (%s); it syncs from now on", func, failure)
