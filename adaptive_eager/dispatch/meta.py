@@ -46,6 +46,7 @@ class MetaResult:
 
     specs: tuple[TensorSpec | None, ...]
     structure: str
+    sids: tuple[int | None, ...] = ()
 
 
 class MetaFailure(Exception):
@@ -132,30 +133,59 @@ def _has_device_kwarg(func: Any) -> bool:
 
 
 class MetaMemo:
-    """A bounded LRU of ``key -> MetaResult``. Keys are built by the recorder."""
+    """A bounded LRU of ``key -> MetaResult``, plus the spec interner its keys use.
+
+    Note [Fast memo hits]
+    Keys are hashed on every captured op. To keep that cheap, tensor specs inside
+    keys are small ints from :meth:`intern` (a TensorSpec's hash walks its fields),
+    and hits are served from a plain dict that mirrors the cachetools LRU. The LRU
+    decides what to evict (recency is refreshed on insertion, not on every hit);
+    evictions drop the mirror entry too, so the memo stays bounded.
+    """
 
     def __init__(self, maxsize: int):
         # cachetools caches are not thread-safe; one memo may serve modes in several threads.
         self._lock = threading.Lock()
-        self._cache: cachetools.LRUCache = cachetools.LRUCache(maxsize=maxsize)
+        self._fast: dict[Any, MetaResult] = {}
+        fast = self._fast
+
+        class _LRU(cachetools.LRUCache):
+            def popitem(self) -> tuple[Any, Any]:
+                key, value = super().popitem()
+                fast.pop(key, None)
+                return key, value
+
+        self._cache = _LRU(maxsize=maxsize)
+        self._sids: dict[TensorSpec, int] = {}
+        self._specs: list[TensorSpec] = []
         self.hits = 0
         self.misses = 0
 
     def get(self, key: Any) -> MetaResult | None:
-        with self._lock:
-            r = self._cache.get(key)
-        if r is None:
-            return None
-        self.hits += 1
+        r = self._fast.get(key)
+        if r is not None:
+            self.hits += 1
         return r
 
     def put(self, key: Any, result: MetaResult) -> None:
         self.misses += 1
         with self._lock:
             self._cache[key] = result
+            self._fast[key] = result
+
+    def intern(self, spec: TensorSpec) -> int:
+        """A small int standing for ``spec`` in memo keys (stable for the memo's life)."""
+        sid = self._sids.get(spec)
+        if sid is None:
+            with self._lock:
+                sid = self._sids.get(spec)
+                if sid is None:
+                    sid = self._sids[spec] = len(self._specs)
+                    self._specs.append(spec)
+        return sid
 
     def __len__(self) -> int:
-        return len(self._cache)
+        return len(self._fast)
 
 
 __all__ = ["MetaResult", "MetaFailure", "MetaMemo", "meta_execute", "to_meta_args"]

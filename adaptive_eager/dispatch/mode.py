@@ -31,7 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..config import Options
 from ..runtime import Counters, Executor
-from .lazy import LazyTensor, is_suspended, suspended, unwrap_all
+from .lazy import _TLS as _LAZY_TLS
+from .lazy import LazyTensor, suspended, unwrap_all
 from .meta import MetaFailure, MetaMemo
 from .optable import Kind, OpTable, OpTraits
 from .recorder import OutputMismatch, Recorder
@@ -39,6 +40,8 @@ from .source import user_source
 
 log = logging.getLogger("adaptive_eager")
 aten = torch.ops.aten
+_TO_COPY = aten._to_copy.default
+_COPY_ = aten.copy_.default
 
 
 def _device_of(args: tuple, kwargs: dict) -> torch.device | None:
@@ -82,6 +85,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self.counters = counters
         self.device_type = options.device
         self.table = table if table is not None else OpTable()
+        self._traits = self.table._traits  # read-only fast path; OpTable fills it
         self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size)
         self.lock = threading.RLock()
         self.recorder = Recorder(torch.device(options.device), self.memo, owner=self)
@@ -94,27 +98,39 @@ class AdaptiveEagerMode(TorchDispatchMode):
             Kind.RANDOM: self._on_random,
         }
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps a subclass's __torch_dispatch__ in
+        # torch._disable_dynamo, which costs several µs per op. Dynamo never traces
+        # this mode's handler (compiled code runs below it), so skip the wrapper.
+        return False
+
     # -- routing --------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         for t in types:
-            if t is not LazyTensor and not issubclass(t, torch.nn.Parameter):
+            if t is not LazyTensor:
                 return NotImplemented
-        if is_suspended():
+        if getattr(_LAZY_TLS, "suspended", 0):
             return self._run_real(func, args, kwargs)
-        dev = _device_of(args, kwargs)
-        if dev is None or dev.type != self.device_type:
-            if not _has_unbound((args, tuple(kwargs.values()))):
-                return func(*args, **kwargs)
-        traits = self.table.traits(func)
+        first = args[0] if args else None
+        if type(first) is not LazyTensor:  # handles are on the target device by construction
+            dev = _device_of(args, kwargs)
+            if dev is None or dev.type != self.device_type:
+                if not _has_unbound((args, tuple(kwargs.values()))):
+                    return func(*args, **kwargs)
+        traits = self._traits.get(func)
+        if traits is None:
+            traits = self.table.traits(func)
         with self.lock:
             return self._handlers[traits.kind](func, traits, args, kwargs)
 
     # -- handlers -------------------------------------------------------------------
     def _on_record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
-        if kwargs.get("device") is not None and torch.device(kwargs["device"]).type != self.device_type:
+        if kwargs and kwargs.get("device") is not None and \
+                torch.device(kwargs["device"]).type != self.device_type:
             return self._sync_then_run(func, args, kwargs, "transfer")
-        if func is aten._to_copy.default or func is aten.copy_.default:
+        if func is _TO_COPY or func is _COPY_:
             if self._crosses_devices(func, args, kwargs):
                 return self._sync_then_run(func, args, kwargs, "transfer")
         try:
@@ -196,7 +212,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
 
     # -- running for real -------------------------------------------------------------
     def _crosses_devices(self, func: Any, args: tuple, kwargs: dict) -> bool:
-        if func is aten._to_copy.default:
+        if func is _TO_COPY:
             dev = kwargs.get("device")
             return dev is not None and torch.device(dev).type != self.device_type
         dst, src = args[0], args[1]

@@ -58,6 +58,7 @@ class OpTraits:
     return_alias: tuple[int | str | None, ...] = ()
     reason: str = ""
     random_fill: bool = False
+    is_view: bool = False
 
 
 # Ops that answer from metadata alone, though they return Python values.
@@ -155,7 +156,7 @@ def derive_traits(func: torch._ops.OpOverload) -> OpTraits:
         return OpTraits(Kind.RANDOM, tuple(mutated), tuple(return_alias), random_fill=fill)
     is_view = not mutated and any(a is not None for a in return_alias)
     kind = Kind.VIEW if is_view else Kind.RECORD
-    return OpTraits(kind, tuple(mutated), tuple(return_alias))
+    return OpTraits(kind, tuple(mutated), tuple(return_alias), is_view=is_view)
 
 
 class OpTable:

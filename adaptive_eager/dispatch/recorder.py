@@ -30,6 +30,8 @@ from .lazy import LazyTensor, Owner
 from .meta import MetaFailure, MetaMemo, MetaResult, meta_execute
 from .optable import OpTraits, derive_traits
 
+_TensorBase = torch._C.TensorBase  # isinstance against the C base is fast
+
 # Ops whose float arguments can change output shapes (Note [Scalars in the meta key]).
 _FLOAT_SHAPED = ("arange", "range", "linspace", "logspace", "upsample", "interpolate", "histc")
 
@@ -61,55 +63,66 @@ class Recorder:
         self.inputs: dict[int, torch.Tensor] = {}
         self._input_ids: dict[int, int] = {}
         self.specs: dict[int, TensorSpec] = {}
+        self._sids: dict[int, int] = {}
+        self._refs: list[ValueRef] = []
         self.alias_root: dict[int, int] = {}
         self.handles: list[weakref.ref] = []
-        self._next = 0
 
     def __len__(self) -> int:
         return len(self.nodes)
 
     # -- encoding -------------------------------------------------------------------
-    def _new_vid(self) -> int:
-        vid = self._next
-        self._next += 1
+    def _new_value(self, spec: TensorSpec, sid: int) -> int:
+        vid = len(self._refs)
+        self._refs.append(ValueRef(vid))
+        self.specs[vid] = spec
+        self._sids[vid] = sid
         return vid
 
     def _input_vid(self, t: torch.Tensor) -> int:
         vid = self._input_ids.get(id(t))
         if vid is None:
-            vid = self._new_vid()
+            spec = TensorSpec.of(t)
+            vid = self._new_value(spec, self.memo.intern(spec))
             self._input_ids[id(t)] = vid
             self.inputs[vid] = t
-            self.specs[vid] = TensorSpec.of(t)
         return vid
 
-    def _encode(self, x: Any, by_value: bool) -> tuple[Any, Any]:
-        """(encoded arg with ValueRefs, meta-key part)."""
-        if isinstance(x, torch.Tensor):
-            if type(x) is LazyTensor:
-                real = x._ae_real
-                if real is None:
-                    if x._ae_owner is self.owner:
-                        vid = x._ae_vid
-                        return ValueRef(vid), self.specs[vid]
-                    real = x._ae_materialize("foreign_handle")
-                x = real
-            vid = self._input_vid(x)
-            return ValueRef(vid), self.specs[vid]
-        if isinstance(x, (list, tuple)):
-            encs = []
-            keys = []
-            for item in x:
-                e, k = self._encode(item, True)
-                encs.append(e)
-                keys.append(k)
-            enc = encs if isinstance(x, list) else tuple(encs)
-            return enc, (type(x), tuple(keys))
-        if type(x) is float and not by_value:
-            return x, float
-        if type(x) is complex and not by_value:
-            return x, complex
-        return x, (type(x), x)
+    def _encode_tensor(self, x: torch.Tensor) -> int:
+        if type(x) is LazyTensor:
+            real = x._ae_real
+            if real is None:
+                if x._ae_owner is self.owner:
+                    return x._ae_vid
+                real = x._ae_materialize("foreign_handle")
+            x = real
+        return self._input_vid(x)
+
+    def _encode(self, args: Any, by_value: bool, enc: list, key: list) -> None:
+        """Append the encoding of each element of ``args`` to ``enc`` (ValueRefs in
+        place of tensors) and its meta-key part to ``key`` (Note [Scalars in the meta
+        key]; tensors are keyed by interned spec id, numbers by (type, value))."""
+        for x in args:
+            tx = type(x)
+            if tx is LazyTensor or isinstance(x, _TensorBase):
+                vid = self._encode_tensor(x)
+                enc.append(self._refs[vid])
+                key.append(self._sids[vid])
+            elif tx is list or tx is tuple:
+                sub_enc: list = []
+                sub_key: list = []
+                self._encode(x, True, sub_enc, sub_key)
+                enc.append(sub_enc if tx is list else tuple(sub_enc))
+                key.append((tx, tuple(sub_key)))
+            elif tx is float or tx is complex:
+                enc.append(x)
+                key.append((tx, x) if by_value else tx)
+            elif tx is int or tx is bool:
+                enc.append(x)
+                key.append((tx, x))
+            else:
+                enc.append(x)
+                key.append(x)
 
     # -- recording ------------------------------------------------------------------
     def record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
@@ -118,37 +131,46 @@ class Recorder:
         Raises MetaFailure when meta execution fails, OutputMismatch when an in-place or
         out= op would change metadata. Nothing is appended in either case.
         """
-        mark = (self._next, len(self.inputs))
+        mark = len(self._refs)
         try:
             return self._record(func, traits, args, kwargs)
         except BaseException:
-            self._rollback(*mark)
+            self._rollback(mark)
             raise
 
-    def _rollback(self, next_vid: int, n_inputs: int) -> None:
-        for vid in [v for v in self.inputs if v >= next_vid]:
-            t = self.inputs.pop(vid)
-            self._input_ids.pop(id(t), None)
+    def _rollback(self, mark: int) -> None:
+        for vid in range(mark, len(self._refs)):
+            t = self.inputs.pop(vid, None)
+            if t is not None:
+                self._input_ids.pop(id(t), None)
             self.specs.pop(vid, None)
-        self._next = next_vid
+            self._sids.pop(vid, None)
+            self.alias_root.pop(vid, None)
+        del self._refs[mark:]
 
     def _record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
         by_value = self._float_by_value.get(func)
         if by_value is None:
             name = func._schema.name
             by_value = self._float_by_value[func] = any(s in name for s in _FLOAT_SHAPED)
-        enc_args, key_args = self._encode(args, by_value)
+        enc_list: list = []
+        key_list: list = [func]
+        self._encode(args, by_value, enc_list, key_list)
+        enc_args = tuple(enc_list)
         enc_kwargs: dict[str, Any] = {}
-        key_kwargs = []
-        for k, v in kwargs.items():
-            e, kk = self._encode(v, by_value)
-            enc_kwargs[k] = e
-            key_kwargs.append((k, kk))
-        key = (func, key_args, tuple(key_kwargs))
+        if kwargs:
+            for k, v in kwargs.items():
+                e: list = []
+                self._encode((v,), by_value, e, key_list)
+                enc_kwargs[k] = e[0]
+                key_list.append(k)
+        key = tuple(key_list)
         mr = self.memo.get(key)
         if mr is None:
             self._check_devices(enc_args, enc_kwargs)
             mr = meta_execute(func, enc_args, enc_kwargs, self.specs, self.device)
+            mr = MetaResult(mr.specs, mr.structure,
+                            tuple(None if s is None else self.memo.intern(s) for s in mr.specs))
             self.memo.put(key, mr)
         return self._append(func, traits, args, kwargs, enc_args, enc_kwargs, mr)
 
@@ -178,6 +200,7 @@ class Recorder:
         outputs: list[int | None] = []
         results: list[Any] = []
         ret_alias = traits.return_alias
+        sids = mr.sids
         for i, spec in enumerate(mr.specs):
             if spec is None:
                 outputs.append(None)
@@ -194,8 +217,7 @@ class Recorder:
                 outputs.append(enc.id)
                 results.append(obj)
                 continue
-            vid = self._new_vid()
-            self.specs[vid] = spec
+            vid = self._new_value(spec, sids[i])
             if alias is not None:
                 base = enc_kwargs.get(alias) if isinstance(alias, str) else enc_args[alias]
                 if isinstance(base, ValueRef):
@@ -205,8 +227,8 @@ class Recorder:
             outputs.append(vid)
             results.append(handle)
         self.nodes.append(OpNode(
-            func, enc_args, tuple(enc_kwargs.items()), tuple(outputs), tuple(mutates),
-            is_view=traits.mutated_args == () and any(a is not None for a in ret_alias),
+            func, enc_args, tuple(enc_kwargs.items()) if enc_kwargs else (), tuple(outputs),
+            tuple(mutates), traits.is_view,
         ))
         if mr.structure == "tensor":
             return results[0]
