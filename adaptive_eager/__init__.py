@@ -1,5 +1,16 @@
 """adaptive-eager: make eager PyTorch fast without giving up eager.
 
+Ways in (pick one):
+
+- a block or a function: ``with adaptive_eager(): ...`` / ``@adaptive_eager()``;
+- the whole process from code: ``enable()`` ... ``disable()``;
+- the whole process with no code change: ``ADAPTIVE_EAGER=1 python train.py``
+  (through PyTorch's device-backend autoload, see ``adaptive_eager.autoload``);
+- the command line: ``adaptive-eager run train.py``.
+
+Then ``stats()`` (a frozen snapshot) and ``report()`` (a readable table with advice)
+say what the runtime did and which lines of the program forced it to sync.
+
 Example::
 
     >>> import torch, adaptive_eager as ae
@@ -7,13 +18,66 @@ Example::
     ...     x = torch.ones(3) * 2
     ...     print(x)
     tensor([2., 2., 2.])
+
+NB: this module imports nothing heavy. PyTorch imports ``adaptive_eager.autoload``
+on every ``import torch`` (it is a ``torch.backends`` entry point), so the public
+names below are loaded on first use (PEP 562), not here.
 """
 
-from . import config
-from .config import ConfigError
-from .dispatch import LazyTensor
-from .session import adaptive_eager, sync
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["adaptive_eager", "sync", "config", "ConfigError", "LazyTensor", "__version__"]
+# public name -> (submodule, attribute or None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "adaptive_eager": ("session", "adaptive_eager"),
+    "enable": ("session", "enable"),
+    "disable": ("session", "disable"),
+    "is_enabled": ("session", "is_enabled"),
+    "sync": ("session", "sync"),
+    "stats": ("session", "stats"),
+    "reset_stats": ("session", "reset_stats"),
+    "report": ("session", "report"),
+    "Stats": ("statistics", "Stats"),
+    "config": ("config", None),
+    "ConfigError": ("config", "ConfigError"),
+    "LazyTensor": ("dispatch", "LazyTensor"),
+}
+
+__all__ = [
+    "adaptive_eager", "enable", "disable", "is_enabled", "sync", "stats", "reset_stats",
+    "report", "Stats", "config", "ConfigError", "LazyTensor", "__version__",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import config
+    from .config import ConfigError
+    from .dispatch import LazyTensor
+    from .session import adaptive_eager, disable, enable, is_enabled, report, reset_stats, stats, sync
+    from .statistics import Stats
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f".{target[0]}", __name__)
+    value = module if target[1] is None else getattr(module, target[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _configure_logging() -> None:
+    from ._logging import configure_from_env
+
+    configure_from_env()
+
+
+_configure_logging()

@@ -7,6 +7,10 @@ enters the context every step reuses its caches. Modes are per thread (PyTorch's
 mode stacks are thread-local): each thread that enters gets its own mode, with its
 own open window, over the shared session.
 
+:func:`enable` / :func:`disable` turn the runtime on for the whole process: the
+calling thread at once, and every thread started afterwards through ``threading``
+(Note [Process-wide enable]).
+
 Example::
 
     >>> import torch
@@ -18,7 +22,11 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import functools
+import importlib.util
+import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -26,15 +34,17 @@ from typing import Any, Callable
 import torch
 
 from . import config
+from ._logging import log
 from .config import Options
 from .dispatch import AdaptiveEagerMode, MetaMemo, ObserveMode, OpTable
 from .runtime import Counters, Executor, make_executor
+from .statistics import SiteCounters, Stats, snapshot
 
 # Note [Process-wide registries]
 # _COUNTERS (what stats() reports) and _SESSIONS (caches per Options) are the
 # process-wide state of the public API layer. Both are explicit and resettable
 # (reset_stats(), clear_sessions()); nothing below this layer holds global state.
-_COUNTERS = Counters()
+_COUNTERS: Counters = SiteCounters()
 _SESSIONS: dict[Options, "Session"] = {}
 _SESSIONS_LOCK = threading.Lock()
 _TLS = threading.local()
@@ -59,6 +69,8 @@ def get_session(options: Options) -> Session:
         s = _SESSIONS.get(options)
         if s is None:
             s = _SESSIONS[options] = Session(options, make_executor(options, _COUNTERS), _COUNTERS)
+            if options.report:
+                _report_at_exit(options.report)
         return s
 
 
@@ -85,6 +97,45 @@ def current_mode() -> AdaptiveEagerMode | None:
     return st[-1][0] if st else None
 
 
+# Note [Platform defaults]
+# With torch_neuronx installed, the natural target is the Trainium device: device and
+# backend default to "neuron". These sit just above the built-in defaults: an
+# environment variable, config.patch() or a keyword argument still wins.
+_NEURON_DEFAULTS = {"device": "neuron", "backend": "neuron"}
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_neuronx_installed() -> bool:
+    if "torch_neuronx" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("torch_neuronx") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def platform_defaults() -> dict[str, Any]:
+    """Defaults that differ from config's because of what is installed (torch_neuronx)."""
+    return dict(_NEURON_DEFAULTS) if _torch_neuronx_installed() else {}
+
+
+def resolve_options(**overrides: Any) -> Options:
+    """``config.resolve`` with :func:`platform_defaults` under env vars and patches.
+
+    Example::
+
+        >>> resolve_options(backend="eager").backend
+        'eager'
+    """
+    platform = {k: v for k, v in platform_defaults().items() if k not in overrides}
+    if platform:
+        explicit = set(config.env_overrides())
+        for layer in getattr(config, "_PATCHES", ()):  # names set by config.patch()
+            explicit.update(layer)
+        platform = {k: v for k, v in platform.items() if k not in explicit}
+    return config.resolve(**platform, **overrides)
+
+
 class adaptive_eager:
     """Run the enclosed code under adaptive eager; also usable as a decorator.
 
@@ -105,7 +156,14 @@ class adaptive_eager:
 
     def __init__(self, **options: Any):
         self._overrides = options
-        self.options = config.resolve(**options)  # validates now, at the user's line
+        self.options = resolve_options(**options)  # validates now, at the user's line
+
+    @classmethod
+    def _from_options(cls, options: Options) -> "adaptive_eager":
+        ctx = cls.__new__(cls)
+        ctx._overrides = {f: getattr(options, f) for f in config.OPTION_NAMES}
+        ctx.options = options
+        return ctx
 
     def __enter__(self) -> "adaptive_eager":
         st = _stack()
@@ -152,4 +210,222 @@ def sync() -> None:
         mode.flush("explicit_sync")
 
 
-__all__ = ["adaptive_eager", "sync", "Session", "get_session", "clear_sessions", "counters", "current_mode"]
+def stats() -> Stats:
+    """A frozen snapshot of the runtime's statistics (all threads, since the last reset).
+
+    Example::
+
+        >>> import torch
+        >>> reset_stats()
+        >>> with adaptive_eager(backend="eager"):
+        ...     (torch.ones(3) + 1).sum().item()
+        6.0
+        >>> stats().flushes
+        {'item': 1}
+    """
+    return snapshot(_COUNTERS)
+
+
+def reset_stats() -> None:
+    """Zero every statistic (the compiles still in flight stay counted).
+
+    Example::
+
+        >>> reset_stats(); stats().ops_captured
+        0
+    """
+    with _COUNTERS.lock:
+        in_flight = _COUNTERS.compiles_in_flight
+        _COUNTERS.reset()
+        _COUNTERS.compiles_in_flight = in_flight
+
+
+# Note [Process-wide enable]
+# PyTorch's mode stacks are thread-local, so "the whole process" means: the calling
+# thread now, and every thread started later. enable() enters a mode in the calling
+# thread and patches threading.Thread.start so that each thread started afterwards
+# runs its run() inside `with adaptive_eager(...)` (the instance's run is wrapped,
+# so Thread subclasses that override run() are covered too). Not covered, by design
+# or by necessity:
+# - threads already running when enable() is called: another thread's mode stack
+#   cannot be changed from outside; they stay plain eager (they may call enable() or
+#   use `with adaptive_eager()` themselves);
+# - threads started by torch or by adaptive_eager itself (compile workers, pin-memory
+#   threads): the runtime must never capture its own machinery; a thread can also
+#   opt out with `thread.adaptive_eager_exempt = True` before start();
+# - threads started with _thread.start_new_thread, below the threading module.
+# disable() undoes the patch and leaves the mode in the calling thread; threads
+# started while enabled keep the runtime until their run() returns.
+class _Enabled:
+    """The registry of process-wide enabling: options, the patch, per-thread contexts."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.options: Options | None = None
+        self.original_start: Callable | None = None
+        self.exit_hook_registered = False
+        self.report_destinations: list[str] = []
+
+
+_ENABLED = _Enabled()
+_EXEMPT_DIRS = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+)
+_THREADING_DIRS = (
+    os.path.abspath(threading.__file__),
+    os.path.join(os.path.dirname(os.path.abspath(threading.__file__)), "concurrent") + os.sep,
+)
+
+
+def _started_by_library(depth: int) -> bool:
+    """Whether the code that started a thread is torch's or ours (skipping threading)."""
+    f = sys._getframe(depth)
+    while f is not None and f.f_code.co_filename.startswith(_THREADING_DIRS):
+        f = f.f_back
+    return f is not None and f.f_code.co_filename.startswith(_EXEMPT_DIRS)
+
+
+def _run_under(options: Options, run: Callable[[], None]) -> Callable[[], None]:
+    @functools.wraps(run)
+    def run_under_runtime() -> None:
+        with adaptive_eager._from_options(options):
+            run()
+
+    return run_under_runtime
+
+
+def _patched_start(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
+    options = _ENABLED.options
+    if options is not None and not getattr(self, "adaptive_eager_exempt", False) \
+            and not _started_by_library(2):
+        self.run = _run_under(options, self.run)  # type: ignore[method-assign]
+    return _ENABLED.original_start(self, *args, **kwargs)  # type: ignore[misc]
+
+
+def is_enabled() -> bool:
+    """Whether :func:`enable` is in effect (new threads start under the runtime)."""
+    return _ENABLED.options is not None
+
+
+def enable(**options: Any) -> None:
+    """Run the rest of the program under adaptive eager: this thread and new threads.
+
+    Options are those of :class:`adaptive_eager`. The calling thread enters the runtime
+    at once; threads started afterwards run under it too. Threads already running are
+    not affected (Note [Process-wide enable]). Calling it again with other options
+    switches to them; with the same options it only enters the calling thread.
+    The runtime is left (the window flushed) by :func:`disable` or at process exit.
+
+    Example::
+
+        >>> import torch, adaptive_eager as ae
+        >>> ae.enable(backend="eager")
+        >>> (torch.ones(2) * 3).tolist()
+        [3.0, 3.0]
+        >>> ae.disable()
+    """
+    resolved = resolve_options(**options)
+    if getattr(_TLS, "enabled_ctx", None) is None and _stack():
+        raise RuntimeError(
+            "adaptive_eager.enable() was called inside a `with adaptive_eager()` block; "
+            "call it outside (before) the block"
+        )
+    with _ENABLED.lock:
+        if _ENABLED.options is not None and _ENABLED.options != resolved:
+            disable()
+        _ENABLED.options = resolved
+        if _ENABLED.original_start is None:
+            _ENABLED.original_start = threading.Thread.start
+            threading.Thread.start = _patched_start  # type: ignore[method-assign]
+        _register_exit_hook()
+    if getattr(_TLS, "enabled_ctx", None) is None:
+        ctx = adaptive_eager._from_options(resolved)
+        ctx.__enter__()
+        _TLS.enabled_ctx = ctx
+        _TLS.enabled_depth = len(_stack())
+    log.debug("enabled process-wide: %s", resolved)
+
+
+def disable() -> None:
+    """Undo :func:`enable`: flush and leave the runtime in this thread; new threads run eager.
+
+    Must not be called inside a ``with adaptive_eager()`` block of the same thread.
+    A no-op when not enabled.
+
+    Example::
+
+        >>> import adaptive_eager as ae
+        >>> ae.disable()
+    """
+    with _ENABLED.lock:
+        _ENABLED.options = None
+        if _ENABLED.original_start is not None:
+            if threading.Thread.start is _patched_start:
+                threading.Thread.start = _ENABLED.original_start  # type: ignore[method-assign]
+            _ENABLED.original_start = None
+    ctx = getattr(_TLS, "enabled_ctx", None)
+    if ctx is None:
+        return
+    if len(_stack()) != _TLS.enabled_depth:
+        raise RuntimeError(
+            "adaptive_eager.disable() was called inside a `with adaptive_eager()` block; "
+            "leave the block first"
+        )
+    _TLS.enabled_ctx = None
+    ctx.__exit__(None, None, None)
+
+
+def _report_at_exit(destination: str) -> None:
+    with _ENABLED.lock:
+        if destination not in _ENABLED.report_destinations:
+            _ENABLED.report_destinations.append(destination)
+        _register_exit_hook()
+
+
+def _register_exit_hook() -> None:
+    if not _ENABLED.exit_hook_registered:
+        _ENABLED.exit_hook_registered = True
+        atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    # Flush the main thread's window, then write the requested reports.
+    try:
+        if getattr(_TLS, "enabled_ctx", None) is not None:
+            disable()
+    except Exception as e:  # at exit, a message is better than a traceback
+        log.warning("adaptive_eager: leaving the runtime at exit failed: %s", e)
+    if _ENABLED.report_destinations:
+        from .reporting import format_report, write_report
+
+        text = format_report(stats())
+        for dest in _ENABLED.report_destinations:
+            write_report(text, dest)
+
+
+__all__ = [
+    "adaptive_eager", "sync", "enable", "disable", "is_enabled", "stats", "reset_stats",
+    "Session", "get_session", "clear_sessions", "counters", "current_mode",
+    "resolve_options", "platform_defaults",
+]
+
+
+def report() -> str:
+    """The current statistics as a readable table, with advice; see ``adaptive_eager.reporting``.
+
+    Example::
+
+        >>> import torch
+        >>> with adaptive_eager(backend="eager"):
+        ...     x = torch.ones(3).sum().item()
+        >>> print(report())  # doctest: +SKIP
+        adaptive_eager report
+        ...
+    """
+    from .reporting import format_report
+
+    return format_report(stats())
+
+
+__all__.append("report")

@@ -1,0 +1,187 @@
+"""Statistics: a frozen snapshot of what the runtime did, for programs and for people.
+
+:func:`snapshot` copies the process-wide :class:`~adaptive_eager.runtime.Counters`
+into a :class:`Stats` (a frozen dataclass, safe to keep, compare and serialize);
+``adaptive_eager.stats()`` is the public entry point and ``adaptive_eager.report()``
+formats one for people.
+
+Example::
+
+    >>> import torch, adaptive_eager as ae
+    >>> ae.reset_stats()
+    >>> with ae.adaptive_eager(backend="eager"):
+    ...     total = (torch.ones(4) * 2).sum().item()
+    >>> s = ae.stats()
+    >>> s.ops_captured >= 2, s.flushes["item"]
+    (True, 1)
+    >>> import json; json.loads(s.to_json())["flushes"]["item"]
+    1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .runtime.counters import Counters
+
+# Sync reasons that are part of normal operation rather than something to fix.
+ROUTINE_REASONS = frozenset({"exit", "window_full", "nested_enter", "explicit_sync"})
+
+
+class SiteCounters(Counters):
+    """Counters that also remember which flush reasons each source line caused.
+
+    The report needs "line 12 syncs because of .item()", not just the two tallies
+    separately. A subclass (not a new dataclass field) so that ``Counters.reset``
+    keeps working unchanged.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sync_site_reasons: Counter = Counter()  # (site, reason) -> count
+
+    def note_flush(self, reason: str, site: str | None) -> None:
+        super().note_flush(reason, site)
+        if site is not None:
+            self.sync_site_reasons[(site, reason)] += 1
+
+    def reset(self) -> None:
+        super().reset()
+        self.sync_site_reasons = Counter()
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What the runtime did since the last ``reset_stats()`` (all threads, all sessions).
+
+    Mappings are plain dicts, ordered most frequent first. ``fallback_ops`` counts ops
+    that ran outside any compiled region, by op name; ``fallback_reasons`` says why
+    (e.g. ``data_dependent``: the output's shape depends on the values).
+
+    Example::
+
+        >>> Stats().cache_hit_rate is None
+        True
+    """
+
+    ops_captured: int = 0
+    ops_passthrough: int = 0
+    ops_executed: int = 0
+    ops_fused: int = 0
+    ops_eager: int = 0
+    windows: int = 0
+    flushes: dict[str, int] = field(default_factory=dict)
+    sync_sites: dict[str, int] = field(default_factory=dict)
+    sync_site_reasons: dict[str, dict[str, int]] = field(default_factory=dict)
+    fallback_ops: dict[str, int] = field(default_factory=dict)
+    fallback_reasons: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    regions_compiled: int = 0
+    compiled_calls: int = 0
+    compile_failures: int = 0
+    demotions: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    compile_time_s: float = 0.0
+    compiles_in_flight: int = 0
+    meta_hits: int = 0
+    meta_misses: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_flushes(self) -> int:
+        return sum(self.flushes.values())
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        looked_up = self.cache_hits + self.cache_misses
+        return self.cache_hits / looked_up if looked_up else None
+
+    @property
+    def fused_share(self) -> float | None:
+        """Share of executed ops that ran inside compiled regions."""
+        ran = self.ops_fused + self.ops_eager
+        return self.ops_fused / ran if ran else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (tuples become lists)."""
+        out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["total_flushes"] = self.total_flushes
+        return out
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The snapshot as a JSON object string.
+
+        Example::
+
+            >>> import json
+            >>> json.loads(Stats(ops_captured=3).to_json())["ops_captured"]
+            3
+        """
+        return json.dumps(self.as_dict(), indent=indent, sort_keys=False)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _ranked(counter: Mapping[Any, int]) -> dict:
+    return dict(sorted(counter.items(), key=lambda kv: (-kv[1], str(kv[0]))))
+
+
+def _copy(value: Any) -> Any:
+    # Other threads may increment while we copy; dict() of a dict being resized
+    # raises RuntimeError, so retry a few times (increments are rare and short).
+    for _ in range(100):
+        try:
+            return dict(value) if isinstance(value, Mapping) else value
+        except RuntimeError:
+            continue
+    return {}
+
+
+_KNOWN = {f.name for f in dataclasses.fields(Stats)} - {"extra", "fallback_reasons"}
+
+
+def snapshot(counters: Counters) -> Stats:
+    """A frozen :class:`Stats` from live ``counters``."""
+    with counters.lock:
+        raw = {name: _copy(getattr(counters, name)) for name in counters.__dataclass_fields__
+               if name != "lock"}
+        site_reasons = _copy(getattr(counters, "sync_site_reasons", {}))
+    fallback_counts: Counter = Counter()
+    reasons: dict[str, list[str]] = {}
+    for key, n in raw.pop("fallback_ops", {}).items():
+        op, _, reason = str(key).partition(": ")
+        fallback_counts[op] += n
+        if reason and reason not in reasons.setdefault(op, []):
+            reasons[op].append(reason)
+    by_site: dict[str, Counter] = {}
+    for (site, reason), n in site_reasons.items():
+        by_site.setdefault(site, Counter())[reason] += n
+    values: dict[str, Any] = {
+        "flushes": _ranked(raw.pop("flushes", {})),
+        "sync_sites": _ranked(raw.pop("sync_sites", {})),
+        "sync_site_reasons": {site: _ranked(c) for site, c in by_site.items()},
+        "fallback_ops": _ranked(fallback_counts),
+        "fallback_reasons": {op: tuple(r) for op, r in reasons.items()},
+    }
+    extra = {}
+    for name, value in raw.items():
+        if name in _KNOWN:
+            values[name] = value
+        elif isinstance(value, (int, float, str, bool, Mapping)):
+            extra[name] = _plain(value)
+    values["extra"] = extra
+    return Stats(**values)
+
+
+__all__ = ["Stats", "SiteCounters", "snapshot", "ROUTINE_REASONS"]
