@@ -74,7 +74,8 @@ def record_launch() -> None:
         return
     with _REGISTRY.lock:
         _REGISTRY.count += 1
-    _busy_wait(_REGISTRY.latency_ns)
+    if _REGISTRY.latency_ns:
+        _busy_wait(_REGISTRY.latency_ns)
 
 
 def launch_count() -> int:
