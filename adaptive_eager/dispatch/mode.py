@@ -219,7 +219,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
         return dst.device.type != src.device.type
 
     def _sync_then_run(self, func: Any, args: tuple, kwargs: dict, reason: str) -> Any:
-        self.flush(reason)
+        traits = self._traits.get(func)
+        reads_only = traits is not None and not traits.mutated_args
+        self.flush(reason, user_source(3), targets=_tensors(args, kwargs) if reads_only else None)
         return self._run_real(func, args, kwargs)
 
     def _run_real(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -227,17 +229,33 @@ class AdaptiveEagerMode(TorchDispatchMode):
         return func(*args, **kwargs)
 
     # -- flushing -------------------------------------------------------------------
-    def flush(self, reason: str, source: str | None = None) -> None:
-        """Run the open window and bind its live handles. No-op when empty."""
+    def flush(self, reason: str, source: str | None = None, targets: Any = None) -> None:
+        """Run the open window and bind its live handles. No-op when empty.
+
+        ``targets``: tensors the caller is about to read (and not write). When given,
+        only the nodes they need run, if that is safe (Note [Partial flush]); tensors
+        the window does not touch need nothing.
+        """
         with self.lock:
-            if len(self.recorder) == 0:
+            rec = self.recorder
+            if len(rec) == 0:
                 return
             if source is None:
                 source = user_source(2)
-            window, live = self.recorder.seal(reason, source)
+            sliced = None
+            if targets is not None:
+                vids = [v for v in (rec.vid_of(t) for t in targets) if v is not None]
+                if not vids:
+                    return
+                sliced = rec.take_slice(vids, reason, source)
+            if sliced is not None:
+                window, live = sliced
+            else:
+                window, live = rec.seal(reason, source)
             self.counters.note_flush(reason, source)
             self.counters.windows += 1
-            log.debug("flush %s: %d ops at %s", reason, len(window), source)
+            log.debug("flush %s: %d ops at %s%s", reason, len(window), source,
+                      " (partial)" if sliced is not None else "")
             try:
                 with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
                     values = self.executor.run(window)
@@ -248,10 +266,12 @@ class AdaptiveEagerMode(TorchDispatchMode):
             self.counters.ops_executed += len(window)
             for h in live:
                 h._ae_real = values[h._ae_vid]
+            if sliced is not None:
+                rec.adopt(values)
 
     def materialize(self, handle: LazyTensor, reason: str) -> torch.Tensor:
         """Owner protocol: flush so that ``handle`` is bound, and return its tensor."""
-        self.flush(reason, user_source(3))
+        self.flush(reason, user_source(3), targets=(handle,))
         real = handle._ae_real
         if real is None:
             return handle._ae_materialize(reason)  # raises with the recorded error
@@ -298,6 +318,19 @@ _OBSERVERS = {
 }
 
 
+_COPYING_OBSERVERS = {"__repr__", "__format__", "tolist", "__reduce_ex__", "__deepcopy__", "__getstate__"}
+
+
+def _tensors(args: tuple, kwargs: dict) -> list:
+    out: list = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(b for b in a if isinstance(b, torch.Tensor))
+    return out
+
+
 class ObserveMode(TorchFunctionMode):
     """Flushes ``mode`` before a Python-level read of any tensor's data."""
 
@@ -310,7 +343,11 @@ class ObserveMode(TorchFunctionMode):
         name = _OBSERVERS.get(func)
         if name is not None:
             if len(self.mode.recorder):
-                self.mode.flush(f"observe:{name.strip('_')}", user_source(2))
+                # Copies out (repr, tolist, pickle) need only their tensors' values; what
+                # exposes memory (numpy, data_ptr, storage, dlpack) can be written through,
+                # so everything pending runs first.
+                targets = _tensors(args, kwargs) if name in _COPYING_OBSERVERS else None
+                self.mode.flush(f"observe:{name.strip('_')}", user_source(2), targets=targets)
             if name in ("__repr__", "__format__"):
                 with suspended():
                     return func(*args, **kwargs)

@@ -26,11 +26,19 @@ from typing import Any
 import torch
 
 from ..fusion.ir import OpNode, TensorSpec, ValueRef, Window
+from ..fusion.slicing import needed_nodes
 from .lazy import LazyTensor, Owner
 from .meta import MetaFailure, MetaMemo, MetaResult, meta_execute
 from .optable import OpTraits, derive_traits
 
 _TensorBase = torch._C.TensorBase  # isinstance against the C base is fast
+
+
+def _storage_id(t: torch.Tensor) -> int | None:
+    try:
+        return torch._C._storage_id(t)
+    except Exception:  # noqa: BLE001 - sparse, storage-less or foreign tensors
+        return None
 
 # Ops whose float arguments can change output shapes (Note [Scalars in the meta key]).
 _FLOAT_SHAPED = ("arange", "range", "linspace", "logspace", "upsample", "interpolate", "histc")
@@ -66,6 +74,7 @@ class Recorder:
         self._sids: dict[int, int] = {}
         self._refs: list[ValueRef] = []
         self.alias_root: dict[int, int] = {}
+        self._storages: dict[int, int] = {}  # storage id of a real input -> first vid
         self.handles: list[weakref.ref] = []
 
     def __len__(self) -> int:
@@ -86,6 +95,25 @@ class Recorder:
             vid = self._new_value(spec, self.memo.intern(spec))
             self._input_ids[id(t)] = vid
             self.inputs[vid] = t
+            sid = _storage_id(t)
+            if sid is not None:
+                first = self._storages.setdefault(sid, vid)
+                if first != vid:
+                    self.alias_root[vid] = first  # real inputs sharing storage (p, p.data)
+        return vid
+
+    def vid_of(self, t: Any) -> int | None:
+        """The window's value id for a tensor the program holds, if the window touches it."""
+        if type(t) is LazyTensor:
+            if t._ae_real is None:
+                return t._ae_vid if t._ae_owner is self.owner else None
+            t = t._ae_real
+        if not isinstance(t, _TensorBase):
+            return None
+        vid = self._input_ids.get(id(t))
+        if vid is None:
+            sid = _storage_id(t)
+            vid = self._storages.get(sid) if sid is not None else None
         return vid
 
     def _encode_tensor(self, x: torch.Tensor) -> int:
@@ -255,6 +283,44 @@ class Recorder:
         )
         self._reset()
         return window, live
+
+    def take_slice(self, targets: list[int], reason: str, source: str | None
+                   ) -> tuple[Window, list[LazyTensor]] | None:
+        """Close just the nodes ``targets`` need (Note [Partial flush]) and keep the rest
+        open; None when that is unsafe or not worth it (then flush everything).
+
+        The returned Window's outputs are the values that later nodes or live handles
+        still use; once it has run, :meth:`adopt` turns them into inputs of the open window.
+        """
+        idx = needed_nodes(self.nodes, targets, self.alias_root.get)
+        if idx is None or len(idx) == len(self.nodes) or len(idx) > max(8, len(self.nodes) // 4):
+            return None
+        chosen = set(idx)
+        sliced = [self.nodes[i] for i in idx]
+        rest = [n for i, n in enumerate(self.nodes) if i not in chosen]
+        produced = {o for n in sliced for o in n.outputs if o is not None}
+        used_later = {v for n in rest for v in n.inputs()} | {m for n in rest for m in n.mutates}
+        live: list[LazyTensor] = []
+        for ref in self.handles:
+            h = ref()
+            if h is not None and h._ae_real is None and h._ae_error is None and h._ae_vid in produced:
+                live.append(h)
+        outputs = (produced & used_later) | {h._ae_vid for h in live} | (produced & set(targets))
+        read = {v for n in sliced for v in n.inputs()} | {m for n in sliced for m in n.mutates}
+        window = Window(
+            inputs={v: t for v, t in self.inputs.items() if v in read}, nodes=tuple(sliced),
+            specs=self.specs, outputs=frozenset(outputs), alias_root=dict(self.alias_root),
+            reason=reason, source=source,
+        )
+        self.nodes = rest
+        return window, live
+
+    def adopt(self, values: dict[int, torch.Tensor]) -> None:
+        """Values computed by a slice become real inputs of the open window."""
+        for vid, t in values.items():
+            if vid not in self.inputs:
+                self.inputs[vid] = t
+                self._input_ids.setdefault(id(t), vid)
 
     def traits_for_test(self, func: Any) -> OpTraits:
         return derive_traits(func)
