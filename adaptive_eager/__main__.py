@@ -1,0 +1,7 @@
+"""``python -m adaptive_eager``: the ``adaptive-eager`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,216 @@
+"""The ``adaptive-eager`` command (also ``python -m adaptive_eager``).
+
+Commands::
+
+    adaptive-eager demo [--steps N] [--backend B] [--size S]   train a small GPT, eager vs adaptive
+    adaptive-eager run SCRIPT [ARGS...]        run a script under the runtime, then print the report
+    adaptive-eager run -m MODULE [ARGS...]     the same for a module
+    adaptive-eager explain SCRIPT [ARGS...]    run it, then list sync sites and fallbacks with fixes
+    adaptive-eager bench [BENCH ARGS...]       the benchmark suite (python -m benchmarks)
+    adaptive-eager options                     the options table (names, env vars, defaults)
+
+``run`` and ``explain`` accept runtime options before the script:
+``--backend eager``, ``--device cpu`` or any option as ``-o name=value``.
+
+Example::
+
+    $ adaptive-eager run --backend eager train.py --epochs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from typing import Any, Sequence
+
+
+def _options_from(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    for item in getattr(args, "option", None) or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"adaptive-eager: -o expects name=value, got {item!r}")
+        opts[name.strip()] = value
+    for name in ("backend", "device"):
+        if getattr(args, name, None) is not None:
+            opts[name] = getattr(args, name)
+    return opts
+
+
+def _add_runtime_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", help="compile backend (inductor, aot_eager, eager, neuron)")
+    p.add_argument("--device", help="device type to defer (cpu, cuda, neuron)")
+    p.add_argument("-o", "--option", action="append", metavar="NAME=VALUE",
+                   help="any runtime option, e.g. -o window_size=128 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="adaptive-eager",
+        description="Adaptive eager execution for PyTorch: defer ops into micro-graphs, "
+                    "compile the hot ones, flush wherever Python can observe a value.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    demo = sub.add_parser("demo", help="train a small GPT eager and under adaptive eager; compare")
+    demo.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
+    demo.add_argument("--backend", default="inductor",
+                      help="compile backend for adaptive eager (default inductor)")
+    demo.add_argument("--size", default="small", choices=("tiny", "small", "medium"),
+                      help="model size (default small)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    demo.add_argument("-o", "--option", action="append", metavar="NAME=VALUE",
+                      help="any runtime option, e.g. -o window_size=128 (repeatable)")
+
+    for name, helptext in (("run", "run a Python script (or -m module) under adaptive eager, "
+                                   "then print the report"),
+                           ("explain", "run a script under adaptive eager, then list its sync "
+                                       "sites and fallback ops with what to change")):
+        sp = sub.add_parser(name, help=helptext)
+        _add_runtime_options(sp)
+        sp.add_argument("-m", dest="module", action="store_true",
+                        help="TARGET is a module name (like python -m)")
+        sp.add_argument("--report", default="stderr",
+                        help="where the report goes: stderr (default), stdout or a file path"
+                        if name == "run" else argparse.SUPPRESS)
+        sp.add_argument("target", metavar="SCRIPT", help="script path (or module name with -m)")
+        sp.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+    bench = sub.add_parser("bench", help="run the benchmark suite (arguments go to it; try --help)",
+                           add_help=False)
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+
+    sub.add_parser("options", help="print the runtime options: names, env variables, defaults")
+    return p
+
+
+def _run_target(args: argparse.Namespace) -> int:
+    """Run the script/module as __main__ under enable(); return its exit status."""
+    from . import session
+
+    options = _options_from(args)
+    session.resolve_options(**options)  # a bad option fails here, before the script runs
+    old_argv, old_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    if args.module:
+        sys.argv = [args.target, *args.args]
+    else:
+        sys.argv = [args.target, *args.args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args.target)))
+    status = 0
+    session.enable(**options)
+    try:
+        if args.module:
+            runpy.run_module(args.target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(args.target, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        if not isinstance(code, int) and code is not None:
+            print(code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - report the script's error like python does
+        traceback.print_exc()
+        status = 1
+    finally:
+        try:
+            session.disable()
+        finally:
+            sys.argv = old_argv
+            if not args.module and sys.path and old_path0 is not None:
+                sys.path.pop(0)
+    return status
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import session
+    from .reporting import format_report, write_report
+
+    session.reset_stats()
+    status = _run_target(args)
+    write_report(format_report(session.stats(), title=f"adaptive_eager report: {args.target}"),
+                 args.report)
+    return status
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from . import session
+    from .reporting import explain_lines
+
+    session.reset_stats()
+    status = _run_target(args)
+    s = session.stats()
+    print(f"\nadaptive-eager explain: {args.target}  ({s.ops_captured:,} ops captured, "
+          f"{s.total_flushes:,} flushes)", file=sys.stderr)
+    for line in explain_lines(s):
+        print(line, file=sys.stderr)
+    return status
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import torch
+
+    from .demo import run_demo, summarize
+
+    if args.steps < 1:
+        raise SystemExit("adaptive-eager demo: --steps must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = _options_from(args)
+    options.pop("backend", None)
+    result = run_demo(steps=args.steps, backend=args.backend, size=args.size, seed=args.seed,
+                      out=sys.stdout, **options)
+    print(summarize(result))
+    print(result.report)
+    return 0 if result.max_abs_diff < 1e-3 else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        from benchmarks.run import main as bench_main
+    except ImportError:
+        # The suite lives next to the package in a source checkout (editable install).
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if not os.path.isdir(os.path.join(root, "benchmarks")):
+            print("adaptive-eager bench: the benchmarks/ folder is not found; run it from a "
+                  "source checkout", file=sys.stderr)
+            return 2
+        sys.path.insert(0, root)
+        from benchmarks.run import main as bench_main
+    return int(bench_main(list(args.args)) or 0)
+
+
+def cmd_options(args: argparse.Namespace) -> int:
+    from .config import describe
+
+    rows = describe()
+    width = max(len(r[1]) for r in rows)
+    for name, env, default, doc in rows:
+        print(f"{name:<22} {env:<{width}}  default {default!r:<12} {doc}")
+    return 0
+
+
+COMMANDS = {"demo": cmd_demo, "run": cmd_run, "explain": cmd_explain, "bench": cmd_bench,
+            "options": cmd_options}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``adaptive-eager`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":  # pass everything, --help included, to the suite
+        return cmd_bench(argparse.Namespace(args=argv[1:]))
+    args = build_parser().parse_args(argv)
+    from .config import ConfigError
+
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as e:
+        print(f"adaptive-eager: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
