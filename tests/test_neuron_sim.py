@@ -348,6 +348,25 @@ def test_deepcopy_save_load_and_storages():
 
 
 @device_test
+def test_conjugate_and_negative_views():
+    c = torch.tensor([1 + 2j, 3 - 1j])
+    n = c.to(N)
+    assert torch.equal(n.conj().cpu(), c.conj().resolve_conj())
+    assert torch.equal(n.conj().clone().cpu(), c.conj().clone().resolve_conj())
+    assert torch.equal((n.conj() + 1).cpu(), c.conj() + 1)
+    assert torch.equal((n.conj()[None] @ n[:, None]).cpu(), c.conj()[None] @ c[:, None])
+    assert torch.equal(torch._neg_view(n).cpu(), -c)
+
+
+@device_test
+def test_copies_to_cpu():
+    n = torch.arange(6.0, device=N).reshape(2, 3)
+    assert torch.equal(n.to("cpu", non_blocking=True), torch.arange(6.0).reshape(2, 3))
+    assert n.t().cpu().stride() == (1, 3)  # preserve_format keeps the layout
+    assert n.to(N) is n and n.to(torch.int32).dtype == torch.int32
+
+
+@device_test
 def test_conv2d_forward_backward_equal_cpu():
     torch.manual_seed(0)
     conv = nn.Conv2d(2, 3, 3, padding=1)

@@ -79,9 +79,18 @@ def _setup_backend() -> None:
     )
     fallback_library = torch.library.Library("_", "IMPL")
     fallback_library.fallback(_kernels.neuron_fallback, dispatch_key="PrivateUse1")
+    # Note [Conjugate views and cross-device copies]
+    # copy_ on a backend other than CPU/CUDA goes through _copy_from, which the
+    # Conjugate/Negative fallbacks handle by materializing the input with clone(),
+    # and clone() copies with copy_ -> _copy_from -> clone() ... until the stack
+    # overflows (a segfault on `neuron_tensor.conj().clone()`). The copy kernels
+    # handle the bits themselves (to_cpu_view keeps them), so those keys fall through.
     aten_library = torch.library.Library("aten", "IMPL")
     for op in _ops_with_cpu_and_composite_kernels():
         aten_library.impl(op, functools.partial(_kernels.neuron_fallback, op), "PrivateUse1")
+    for op in ("_copy_from", "_copy_from_and_resize", "_to_copy"):
+        for key in ("Conjugate", "Negative"):
+            aten_library.impl(op, torch.library.fallthrough_kernel, key)
     _storage.install()
     # Keep both alive: dropping a Library unregisters its kernels.
     _STATE.libraries = [fallback_library, aten_library]
@@ -96,9 +105,11 @@ def _ops_with_cpu_and_composite_kernels() -> list[torch._ops.OpOverload]:
     # meta + empty + out= (three dispatches). Where CPU has a dedicated kernel we
     # register the fallback explicitly, so neuron numerics equal CPU eager bit for bit.
     # convolution(_backward) are added by name: their composites route a backend
-    # other than CPU/CUDA to convolution_overrideable, which has no kernel at all.
+    # other than CPU/CUDA to convolution_overrideable, which has no kernel at all;
+    # _to_copy because its composite pins memory for non_blocking copies to the CPU.
     has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
-    ops = [torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default]
+    aten = torch.ops.aten
+    ops = [aten.convolution.default, aten.convolution_backward.default, aten._to_copy.default]
     for name in torch._C._dispatch_get_all_op_names():
         if not name.startswith("aten::") or not has_kernel(name, "CPU"):
             continue

@@ -53,12 +53,28 @@ _CPU = torch.device("cpu")
 
 
 def to_cpu_view(t: torch.Tensor) -> torch.Tensor:
-    """CPU tensor over the same bytes as neuron tensor `t` (no copy, no autograd)."""
-    return _dlpack.retarget(t, _dlpack.KDL_CPU)
+    """CPU tensor over the same bytes as neuron tensor `t` (no copy, no autograd).
+
+    The conjugate and negative bits are kept (DLPack drops them, so they are set
+    again on the CPU view): CPU kernels that handle them natively (mm, copy_, ...)
+    then see what eager would.
+    """
+    cpu = _dlpack.retarget(t, _dlpack.KDL_CPU)
+    if t.is_conj():
+        cpu = cpu.conj()
+    if t.is_neg():
+        cpu = torch._neg_view(cpu)
+    return cpu
 
 
 def from_cpu(t: torch.Tensor) -> torch.Tensor:
-    """Neuron tensor over the same bytes as CPU tensor `t` (no copy, no autograd)."""
+    """Neuron tensor over the same bytes as CPU tensor `t` (no copy, no autograd).
+
+    A CPU tensor with the conjugate or negative bit set is materialized first (a
+    copy), as DLPack cannot carry the bits.
+    """
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
     return _dlpack.retarget(t, _dlpack.KDL_EXT_DEV)
 
 
@@ -76,12 +92,13 @@ def _iter_tensors(values: Any) -> Any:
 
 def _check_same_device(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
     """Raise eager's mixed-device RuntimeError (0-dim CPU tensors are allowed, as on CUDA)."""
+    # NB: `is_cpu` and `dim()` are cheap C properties; `t.device` builds an object.
     for t in _iter_tensors(args):
-        if t.dim() != 0 and t.device.type != DEVICE_TYPE:
+        if t.is_cpu and t.dim() != 0:
             _raise_mixed_device(op, t)
     if kwargs:
         for t in _iter_tensors(kwargs.values()):
-            if t.dim() != 0 and t.device.type != DEVICE_TYPE:
+            if t.is_cpu and t.dim() != 0:
                 _raise_mixed_device(op, t)
 
 
@@ -95,7 +112,7 @@ def _raise_mixed_device(op: torch._ops.OpOverload, t: torch.Tensor) -> None:
 
 def _to_cpu_arg(x: Any, views: dict[int, torch.Tensor]) -> Any:
     if isinstance(x, torch.Tensor):
-        if x.device.type != DEVICE_TYPE:
+        if x.is_cpu or x.device.type != DEVICE_TYPE:
             return x
         cpu = to_cpu_view(x)
         views[id(cpu)] = x
@@ -112,7 +129,7 @@ def _from_cpu_result(x: Any, views: dict[int, torch.Tensor]) -> Any:
         original = views.get(id(x))
         if original is not None:
             return original
-        return from_cpu(x) if x.device.type == "cpu" else x
+        return from_cpu(x) if x.is_cpu else x
     if isinstance(x, (list, tuple)):
         return type(x)(_from_cpu_result(v, views) for v in x)
     return x
@@ -181,8 +198,7 @@ def resize_(
     storage = self.untyped_storage()
     if needed > storage.nbytes():
         grown = torch.zeros(needed, dtype=torch.uint8)
-        old = to_cpu_view(_aten.as_strided.default.redispatch(
-            _CPU_KEYSET, _uint8_alias(self), (storage.nbytes(),), (1,), 0))
+        old = to_cpu_view(_uint8_alias(self))
         grown[: old.numel()].copy_(old)
         new_storage = from_cpu(grown).untyped_storage()
         _aten.set_.source_Storage_storage_offset.redispatch(
@@ -220,6 +236,28 @@ def _copy_from_and_resize(
     return _copy_from(_aten._copy_from.default, src, dst)
 
 
+def _to_copy(
+    op: torch._ops.OpOverload,
+    self: torch.Tensor,
+    *,
+    device: torch.device | None = None,
+    non_blocking: bool = False,
+    pin_memory: bool | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    # `.cpu()`, `.to(dtype)`, `.to("cpu", non_blocking=True)` of a neuron tensor, as
+    # one launch. The composite `_to_copy` would pin the CPU result of a non_blocking
+    # copy, and pinned memory needs an allocator Python cannot provide.
+    target = self.device if device is None else device
+    if target.type == DEVICE_TYPE:
+        check_device_index(target.index)
+    record_launch()
+    result = op(to_cpu_view(self), device=_CPU, **kwargs)
+    if target.type == DEVICE_TYPE:
+        return from_cpu(result)
+    return result if target.type == "cpu" else result.to(target)
+
+
 def _redispatch_to_cpu_kernel(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     return op.redispatch(_CPU_KEYSET, *args, **kwargs)
 
@@ -239,6 +277,7 @@ _SPECIAL: dict[str, Callable[..., Any]] = {
     "aten::empty.memory_format": _empty,
     "aten::empty_strided": _empty,
     "aten::resize_": resize_,
+    "aten::_to_copy": _to_copy,
     "aten::_copy_from": _copy_from,
     "aten::_copy_from_and_resize": _copy_from_and_resize,
     "aten::set_.source_Storage": _redispatch_to_cpu_kernel,
