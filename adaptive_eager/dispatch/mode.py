@@ -40,6 +40,8 @@ from .source import user_source
 
 log = logging.getLogger("adaptive_eager")
 aten = torch.ops.aten
+_RUN_NOW_VIEWS = {aten.lift_fresh.default}
+_NATIVE_DROPOUT = aten.native_dropout.default
 _TO_COPY = aten._to_copy.default
 _COPY_ = aten.copy_.default
 
@@ -145,8 +147,13 @@ class AdaptiveEagerMode(TorchDispatchMode):
         return out
 
     def _on_view(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
-        if not _has_unbound((args, tuple(kwargs.values()))):
-            # Views of real tensors read no data: take them now, for real.
+        # Note [Views of real tensors are recorded]
+        # A view of a real tensor reads no data and could be taken at once, but then
+        # the window would see the base and the view as two aliasing inputs (a weight
+        # and its transpose in every linear layer), which a compiler must treat
+        # conservatively. Recorded, the view is a node of the window and the window
+        # has one input per storage. Only ops that lift fresh constants run at once.
+        if func in _RUN_NOW_VIEWS:
             return self._run_real(func, args, kwargs)
         return self._on_record(func, traits, args, kwargs)
 
@@ -172,6 +179,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
         # same layout now, and the window records a copy_ into the target, so the
         # surrounding ops (dropout's scale and multiply) stay deferred and fusible.
         rest_unbound = _has_unbound((args[1:], tuple(kwargs.values())))
+        if func is _NATIVE_DROPOUT and not rest_unbound and type(args[0]) is LazyTensor:
+            return self._native_dropout(*args, **kwargs)
         if traits.random_fill and not rest_unbound and isinstance(args[0], torch.Tensor):
             target = args[0]
             if type(target) is not LazyTensor and len(self.recorder) == 0:
@@ -196,6 +205,22 @@ class AdaptiveEagerMode(TorchDispatchMode):
         if touches_window:
             self.flush("random")
         return self._run_real(func, args, kwargs)
+
+    def _native_dropout(self, x: LazyTensor, p: float, train: bool | None) -> Any:
+        # Dropout on accelerators (neuron, cuda) is one native_dropout op whose mask
+        # depends only on the shape. The mask is drawn now, by the real kernel on a
+        # stand-in of x's layout (so the generator advances exactly as eager's), and
+        # the window records eager's arithmetic: x * mask * (1 / (1 - p)).
+        if train is False or x.numel() == 0:
+            return self._on_record(_NATIVE_DROPOUT, self.table.traits(_NATIVE_DROPOUT), (x, p, train), {})
+        s = x._ae_spec
+        stand_in = torch.zeros(s.shape, dtype=s.dtype, device=s.device)
+        _, mask = _NATIVE_DROPOUT(stand_in, p, train)
+        p1m = 1.0 - p
+        scale = 0.0 if p1m == 0 else 1.0 / p1m
+        out = self._on_record(aten.mul.Tensor, self.table.traits(aten.mul.Tensor), (x, mask), {})
+        out = self._on_record(aten.mul_.Scalar, self.table.traits(aten.mul_.Scalar), (out, scale), {})
+        return out, mask
 
     def _on_meta_failure(self, func: Any, args: tuple, kwargs: dict, failure: MetaFailure) -> Any:
         # Meta execution failed: either the call is invalid (eager raises too, and must

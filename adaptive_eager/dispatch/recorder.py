@@ -60,6 +60,10 @@ class Recorder:
     """One open window. Not thread-safe by itself; the mode serializes access."""
 
     def __init__(self, device: torch.device, memo: MetaMemo, owner: Owner | None):
+        # Tensors on an indexed device report an index (neuron:0, cuda:0); handles must
+        # too (autograd routes backward by device index).
+        if device.type != "cpu" and device.index is None:
+            device = torch.device(device.type, 0)
         self.device = device
         self.memo = memo
         self.owner = owner

@@ -23,6 +23,7 @@ import contextlib
 from typing import Iterator, Mapping, Protocol
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..fusion.ir import OpNode, Window, map_refs
 
@@ -38,14 +39,19 @@ for _name in ("AutocastCUDA", "AutocastXPU", "AutocastMPS", "AutocastPrivateUse1
 # and every Python mode above ours when they were recorded. Replaying them must
 # not go through those layers again: autograd would record a second graph (and
 # refuse in-place updates of leaves), autocast would cast a second time, and our own
-# mode would capture the replay. So replay runs with those keys excluded, exactly
+# mode would capture the replay (and our torch-function mode would observe it). The
+# dispatch modes are popped for the duration rather than masked with
+# _DisableTorchDispatch: Python-registered backend kernels (torch.library, e.g. the
+# emulated neuron device) hit an internal assert when a mode is on the stack but
+# Python dispatch is excluded. So replay runs with those keys excluded, exactly
 # where the op would have run had our mode computed it on the spot.
 @contextlib.contextmanager
 def replay_guard() -> Iterator[None]:
     """Run ATen ops as the backend kernel would, below autograd, autocast and Python modes."""
     with torch._C._AutoDispatchBelowADInplaceOrView(), \
             torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS), \
-            torch._C._DisableTorchDispatch():
+            _disable_current_modes(), \
+            torch._C.DisableTorchFunction():
         yield
 
 
