@@ -401,30 +401,31 @@ _ENABLE_SCRIPTS: dict[str, str] = {
         assert torch.ones(2, device="neuron").device.type == "neuron"
         print("OK")
     """,
-    "torch_neuronx_installed": """
-        import os, torch
+    # Both refusals in one process (each torch import costs seconds): first with a
+    # fake torch_neuronx importable, then without it but with PrivateUse1 taken.
+    "refusals": """
+        import importlib, os, sys, torch
         import adaptive_eager.neuron_sim as ns
         try:
             ns.enable()
         except RuntimeError as e:
             assert "torch_neuronx" in str(e), e
         else:
-            raise AssertionError("enable() did not refuse")
+            raise AssertionError("enable() did not refuse with torch_neuronx installed")
         os.environ[ns.ENV_VAR] = "1"
         assert ns.maybe_enable_from_env() is False           # logs, never raises
         assert torch._C._get_privateuse1_backend_name() == "privateuseone"
-        print("OK")
-    """,
-    "privateuse1_taken": """
-        import torch
-        import adaptive_eager.neuron_sim as ns
+        sys.path[:] = [p for p in sys.path if "fake_site" not in p]
+        importlib.invalidate_caches()
+        assert importlib.util.find_spec("torch_neuronx") is None
         torch.utils.rename_privateuse1_backend("otherdev")
         try:
             ns.enable()
         except RuntimeError as e:
             assert "otherdev" in str(e), e
         else:
-            raise AssertionError("enable() did not refuse")
+            raise AssertionError("enable() did not refuse with PrivateUse1 taken")
+        assert not ns.is_enabled()
         print("OK")
     """,
 }
@@ -450,7 +451,7 @@ def children(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.P
         )
     }
     for name, script in _ENABLE_SCRIPTS.items():
-        extra_path = str(fake_site) if name == "torch_neuronx_installed" else ""
+        extra_path = str(fake_site) if name == "refusals" else ""
         procs[name] = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(script)],
             env=_child_env(extra_path),
@@ -510,8 +511,5 @@ else:
     def test_import_has_no_side_effects_and_env_var_enables(children):
         _script_output(children, "import_and_env_var")
 
-    def test_refuses_when_torch_neuronx_is_installed(children):
-        _script_output(children, "torch_neuronx_installed")
-
-    def test_refuses_when_privateuse1_is_taken(children):
-        _script_output(children, "privateuse1_taken")
+    def test_refuses_when_torch_neuronx_is_installed_or_privateuse1_is_taken(children):
+        _script_output(children, "refusals")

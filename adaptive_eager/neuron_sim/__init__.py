@@ -45,6 +45,7 @@ from ._launch import (
     set_launch_latency_us,
     single_launch,
 )
+from ._names import DEVICE_TYPE, ENV_VAR
 
 if TYPE_CHECKING:
     import torch
@@ -65,8 +66,6 @@ __all__ = [
     "from_cpu",
 ]
 
-DEVICE_TYPE = "neuron"
-ENV_VAR = "ADAPTIVE_EAGER_NEURON_SIM"
 
 LIMITATIONS = """\
 - One device only: torch's C++ Python device guard hard-codes deviceCount() == 1.
@@ -79,7 +78,11 @@ LIMITATIONS = """\
   (resizePrivateUse1Bytes); Tensor.resize_ works (it swaps in a larger storage).
 - scaled_dot_product_attention runs the math decomposition (no fused SDPA stub can be
   registered from Python), so it is close to, not bit-equal with, CPU eager.
-- dtypes DLPack cannot carry cannot live on the device.
+- Pinned memory: Tensor.pin_memory() raises NotImplementedError
+  (getPinnedMemoryAllocator is not overridable); non_blocking copies are synchronous.
+- Only strided dense tensors: sparse/quantized/nested tensors cannot move to the device.
+- Tensor.resize_ growing a tensor gives it a new storage; other views of the old
+  storage keep the old memory (eager grows the shared storage in place).
 """
 
 _log = logging.getLogger(__name__)

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import threading
 
 import torch
 
 from . import _kernels, _storage
 from ._launch import set_launch_latency_us
+from ._names import DEVICE_TYPE, ENV_VAR
 
-__all__ = ["enable", "is_enabled", "maybe_enable_from_env", "ENV_VAR"]
+__all__ = ["enable", "is_enabled"]
 
-ENV_VAR = "ADAPTIVE_EAGER_NEURON_SIM"
 _DEFAULT_BACKEND_NAME = "privateuseone"
 
 
@@ -37,6 +36,7 @@ _STATE = _EnableState()
 
 
 def is_enabled() -> bool:
+    """Whether `enable()` completed in this process."""
     return _STATE.enabled
 
 
@@ -57,6 +57,7 @@ def _refuse_if_unsafe() -> None:
 
 
 def enable(launch_latency_us: float | None = None) -> None:
+    """Implementation of `adaptive_eager.neuron_sim.enable` (documented there)."""
     with _STATE.lock:
         if not _STATE.enabled:
             _refuse_if_unsafe()
@@ -72,7 +73,7 @@ def _setup_backend() -> None:
     from ._device import NeuronDeviceGuard, NeuronDeviceModule, NeuronHooks
 
     _setup_privateuseone_for_python_backend(
-        rename=_kernels.DEVICE_TYPE,
+        rename=DEVICE_TYPE,
         backend_module=NeuronDeviceModule(),
         hook=NeuronHooks(),
         device_guard=NeuronDeviceGuard(),
@@ -121,11 +122,3 @@ def _ops_with_cpu_and_composite_kernels() -> list[torch._ops.OpOverload]:
         op_name, _, overload = name[len("aten::"):].partition(".")
         ops.append(getattr(getattr(torch.ops.aten, op_name), overload or "default"))
     return ops
-
-
-def maybe_enable_from_env() -> bool:
-    value = os.environ.get(ENV_VAR, "")
-    if value.strip().lower() in ("", "0", "false", "no", "off"):
-        return False
-    enable()
-    return True

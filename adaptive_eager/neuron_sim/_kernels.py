@@ -43,10 +43,10 @@ import torch
 from . import _dlpack
 from ._device import check_device_index
 from ._launch import record_launch
+from ._names import DEVICE_TYPE
 
 __all__ = ["neuron_fallback", "to_cpu_view", "from_cpu", "DEVICE_TYPE"]
 
-DEVICE_TYPE = "neuron"
 _aten = torch.ops.aten
 _CPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CPU = torch.device("cpu")

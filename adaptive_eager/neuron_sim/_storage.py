@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ._device import check_device_index
-from ._kernels import DEVICE_TYPE
+from ._names import DEVICE_TYPE
 
 __all__ = ["install", "new_neuron_storage"]
 

@@ -1,0 +1,4 @@
+"""Names shared by the emulator's modules (no imports, so `__init__` stays light)."""
+
+DEVICE_TYPE = "neuron"
+ENV_VAR = "ADAPTIVE_EAGER_NEURON_SIM"
