@@ -28,7 +28,7 @@ import torch
 from ..fusion.ir import OpNode, TensorSpec, ValueRef, Window
 from ..fusion.slicing import needed_nodes
 from .lazy import LazyTensor, Owner
-from .meta import MetaFailure, MetaMemo, MetaResult, meta_execute
+from .meta import MetaFailure, MetaMemo, MetaResult, Uncapturable, meta_execute
 from .optable import OpTraits, derive_traits
 
 _TensorBase = torch._C.TensorBase  # isinstance against the C base is fast
@@ -95,6 +95,9 @@ class Recorder:
     def _input_vid(self, t: torch.Tensor) -> int:
         vid = self._input_ids.get(id(t))
         if vid is None:
+            if t.layout != torch.strided or t.is_conj() or t.is_neg():
+                # A spec cannot describe it (no strides; no conj/neg bit): run for real.
+                raise Uncapturable(RuntimeError(f"input of layout {t.layout}, conj={t.is_conj()}"))
             spec = TensorSpec.of(t)
             vid = self._new_value(spec, self.memo.intern(spec))
             self._input_ids[id(t)] = vid
