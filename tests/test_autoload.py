@@ -1,0 +1,189 @@
+"""Opt-in without code changes: ADAPTIVE_EAGER=1 through torch's backend autoload.
+
+Every test runs a fresh interpreter on a script that never imports adaptive_eager;
+the entry point comes from the installed package's metadata (pip install -e .).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent('''
+    import sys, threading
+    import torch
+
+    x = torch.arange(8.0)
+    total = 0.0
+    for _ in range(3):
+        total += (x * 2).sum().item()
+    seen = {}
+    def work():
+        seen["thread"] = type(torch.ones(2) * 2).__name__
+    t = threading.Thread(target=work)
+    t.start(); t.join()
+    print("main", type(x * 2).__name__)
+    print("thread", seen["thread"])
+    print("total", total)
+    print("loaded", sorted(m for m in sys.modules if m.startswith("adaptive_eager")))
+''')
+
+
+def _entry_point_installed() -> bool:
+    eps = importlib.metadata.entry_points(group="torch.backends")
+    return any(ep.value.startswith("adaptive_eager.autoload") for ep in eps)
+
+
+pytestmark = pytest.mark.skipif(not _entry_point_installed(),
+                                reason="package not installed (pip install -e .)")
+
+
+def run_script(tmp_path, env_extra, script=SCRIPT, pythonpath=None):
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ADAPTIVE_EAGER") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    env.update(env_extra)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+def _lines(out):
+    return dict(line.split(" ", 1) for line in out.strip().splitlines() if " " in line)
+
+
+def test_unset_is_a_cheap_noop(tmp_path):
+    r = run_script(tmp_path, {})
+    assert r.returncode == 0, r.stderr
+    out = _lines(r.stdout)
+    assert out["main"] == "Tensor" and out["thread"] == "Tensor" and out["total"] == "168.0"
+    loaded = eval(out["loaded"])
+    # the entry point imports only itself and the (empty) package init
+    assert set(loaded) <= {"adaptive_eager", "adaptive_eager.autoload", "adaptive_eager._logging"}
+    assert r.stderr == ""
+
+
+def test_env_var_runs_whole_program_and_reports(tmp_path):
+    report = tmp_path / "report.txt"
+    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager",
+                              "ADAPTIVE_EAGER_REPORT": str(report), "ADAPTIVE_EAGER_LOG": "debug"})
+    assert r.returncode == 0, r.stderr
+    out = _lines(r.stdout)
+    assert out["main"] == "LazyTensor"          # the main thread runs under the runtime
+    assert out["thread"] == "LazyTensor"        # and so does a thread started later
+    assert out["total"] == "168.0"              # with eager's values
+    text = report.read_text()
+    assert "adaptive_eager report" in text
+    assert "train.py:8" in text and "total += (x * 2).sum().item()" in text
+    assert "keep the value as a tensor" in text
+    # ADAPTIVE_EAGER_LOG=debug: flush events on stderr
+    assert "[adaptive_eager DEBUG]" in r.stderr and "flush item" in r.stderr
+
+
+def test_bad_option_logs_and_stays_off(tmp_path):
+    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_WINDOW_SIZE": "abc"})
+    assert r.returncode == 0, r.stderr                   # import torch did not break
+    assert _lines(r.stdout)["main"] == "Tensor"          # plain eager
+    assert "ADAPTIVE_EAGER=1 ignored" in r.stderr
+    assert "'window_size'" in r.stderr and "ADAPTIVE_EAGER_WINDOW_SIZE" in r.stderr
+
+
+def test_torch_autoload_switch_turns_it_off(tmp_path):
+    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager",
+                              "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode == 0, r.stderr
+    assert _lines(r.stdout)["main"] == "Tensor"
+
+
+def test_unrecognized_switch_value_warns_in_process(monkeypatch, caplog):
+    from adaptive_eager import autoload
+
+    monkeypatch.setenv("ADAPTIVE_EAGER", "please")
+    with caplog.at_level("WARNING", logger="adaptive_eager"):
+        autoload.autoload()                     # torch is imported: nothing is deferred
+    assert "ADAPTIVE_EAGER='please' not understood" in caplog.text
+    from adaptive_eager import session
+
+    assert not session.is_enabled()
+
+
+def test_entry_point_never_raises(monkeypatch, caplog):
+    from adaptive_eager import autoload
+
+    def boom(name, callback):
+        raise RuntimeError("broken hook")
+
+    monkeypatch.setattr(autoload, "when_imported", boom)
+    with caplog.at_level("WARNING", logger="adaptive_eager"):
+        autoload.autoload()
+    assert "autoload failed" in caplog.text
+
+
+def test_when_imported_fires_for_a_module_imported_later(tmp_path, monkeypatch):
+    from adaptive_eager.autoload import when_imported
+
+    (tmp_path / "ae_late_module.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    when_imported("ae_late_module", lambda m: seen.append(m.VALUE))
+    assert seen == []
+    import ae_late_module  # noqa: F401
+
+    assert seen == [7]
+    when_imported("ae_late_module", lambda m: seen.append(m.VALUE + 1))  # already imported: now
+    assert seen == [7, 8]
+    monkeypatch.delitem(sys.modules, "ae_late_module")
+
+
+def _fake_torch_neuronx(root, body=""):
+    pkg = root / "torch_neuronx"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import torch\n" + body)
+    return str(root)
+
+
+CHECK_NEURONX = textwrap.dedent('''
+    import torch_neuronx
+    import adaptive_eager
+    from adaptive_eager import session
+    print("attached", torch_neuronx.adaptive_eager is adaptive_eager.adaptive_eager)
+    print("value", torch_neuronx.adaptive_eager if isinstance(torch_neuronx.adaptive_eager, str) else "-")
+    o = session.resolve_options()
+    print("defaults", o.device, o.backend)
+    print("override", session.resolve_options(backend="eager").backend)
+''')
+
+
+def test_torch_neuronx_gets_the_context_manager_and_neuron_defaults(tmp_path):
+    path = _fake_torch_neuronx(tmp_path / "site")
+    r = run_script(tmp_path, {}, CHECK_NEURONX, pythonpath=path)
+    assert r.returncode == 0, r.stderr
+    out = _lines(r.stdout)
+    assert out["attached"] == "True"
+    assert out["defaults"] == "neuron neuron"
+    assert out["override"] == "eager"
+
+
+def test_torch_neuronx_imported_after_torch(tmp_path):
+    path = _fake_torch_neuronx(tmp_path / "site")
+    r = run_script(tmp_path, {"ADAPTIVE_EAGER_DEVICE": "cpu"}, "import torch\n" + CHECK_NEURONX,
+                   pythonpath=path)
+    assert r.returncode == 0, r.stderr
+    out = _lines(r.stdout)
+    assert out["attached"] == "True"
+    assert out["defaults"] == "cpu neuron"        # an env var beats the platform default
+
+
+def test_torch_neuronx_own_attribute_is_kept(tmp_path):
+    path = _fake_torch_neuronx(tmp_path / "site", "adaptive_eager = 'theirs'\n")
+    r = run_script(tmp_path, {}, CHECK_NEURONX, pythonpath=path)
+    assert r.returncode == 0, r.stderr
+    out = _lines(r.stdout)
+    assert out["attached"] == "False" and out["value"] == "theirs"

@@ -1,0 +1,144 @@
+"""The adaptive-eager command: run, explain, options, bench, demo.
+
+Most commands run in-process through ``cli.main`` (fast); one test per entry form
+(console script, ``python -m adaptive_eager``) runs a fresh interpreter. Scripts under
+test never import adaptive_eager.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from adaptive_eager import cli, session
+
+SCRIPT = textwrap.dedent('''
+    import sys
+    import torch
+
+    x = torch.randn(64)
+    total = 0.0
+    for step in range(4):
+        y = x * 2 + 1
+        total += y.sum().item()
+    positive = torch.nonzero(x > 0)
+    print("argv", sys.argv[1:], "name", __name__, "lazy", type(y).__name__)
+''')
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def test_run_executes_script_under_runtime_and_reports(script, capsys):
+    rc = cli.main(["run", "--backend", "eager", str(script), "--lr", "3"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert "argv ['--lr', '3'] name __main__ lazy LazyTensor" in out
+    assert "adaptive_eager report" in err
+    assert "total += y.sum().item()" in err and "keep the value as a tensor" in err
+    assert "aten::nonzero" in err
+    assert not session.is_enabled() and session.current_mode() is None
+
+
+def test_run_report_to_file_and_exit_status(tmp_path, capsys):
+    path = tmp_path / "fails.py"
+    path.write_text("import sys, torch\nprint((torch.ones(2) * 2).tolist())\nsys.exit(3)\n")
+    report = tmp_path / "r.txt"
+    rc = cli.main(["run", "-o", "backend=eager", "--report", str(report), str(path)])
+    assert rc == 3
+    assert "[2.0, 2.0]" in capsys.readouterr().out
+    assert "adaptive_eager report" in report.read_text()
+
+
+def test_run_script_exception_is_shown_and_runtime_left(tmp_path, capsys):
+    path = tmp_path / "raises.py"
+    path.write_text("import torch\nx = torch.ones(2) * 2\nraise ValueError('boom')\n")
+    rc = cli.main(["run", "--backend", "eager", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "ValueError: boom" in err
+    assert not session.is_enabled() and session.current_mode() is None
+
+
+def test_run_module(tmp_path, monkeypatch, capsys):
+    (tmp_path / "ae_cli_mod.py").write_text(SCRIPT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc = cli.main(["run", "--backend", "eager", "-m", "ae_cli_mod", "x"])
+    assert rc == 0
+    assert "argv ['x'] name __main__ lazy LazyTensor" in capsys.readouterr().out
+
+
+def test_explain_lists_sites_and_fallbacks(script, capsys):
+    rc = cli.main(["explain", "--backend", "eager", str(script)])
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert "Sync sites" in err and "Fallback ops" in err
+    assert "train.py:9" in err and "total += y.sum().item()" in err
+    assert "train.py:10" in err and "torch.nonzero(x > 0)" in err
+    assert "fixed-shape forms" in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["run", "--backend", "tvm", "x.py"], ["'backend'", "inductor"]),
+    (["run", "-o", "window_size=0", "x.py"], ["'window_size'", ">= 1"]),
+    (["explain", "-o", "no_such_option=1", "x.py"], ["unknown adaptive_eager option"]),
+])
+def test_bad_options_exit_2_with_a_clear_message(argv, words, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err
+    assert not session.is_enabled()
+
+
+def test_options_table(capsys):
+    assert cli.main(["options"]) == 0
+    out = capsys.readouterr().out
+    assert "ADAPTIVE_EAGER_WINDOW_SIZE" in out and "backend" in out
+
+
+def test_bench_forwards_to_the_suite(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "--help"])
+    assert info.value.code == 0
+    assert "benchmark" in capsys.readouterr().out.lower()
+
+
+def test_demo_in_process(capsys):
+    rc = cli.main(["demo", "--steps", "3", "--size", "tiny", "--backend", "eager"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "eager" in out and "3/3" in out
+    assert "max |loss diff|" in out and "speedup" in out and "adaptive_eager report" in out
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTIVE_EAGER")}
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    return env
+
+
+def test_python_dash_m_run(script, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "adaptive_eager", "run", "--backend", "eager",
+                        str(script), "a"], cwd=tmp_path, env=_env(), capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "argv ['a'] name __main__ lazy LazyTensor" in r.stdout
+    assert "Top sync sites" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("adaptive-eager") is None, reason="console script not installed")
+def test_console_script_demo(tmp_path):
+    r = subprocess.run(["adaptive-eager", "demo", "--steps", "2", "--size", "tiny",
+                        "--backend", "eager"], cwd=tmp_path, env=_env(), capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "max |loss diff|" in r.stdout and "(agree" in r.stdout
