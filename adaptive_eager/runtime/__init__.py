@@ -4,15 +4,24 @@
 tensors it returns.
 """
 
+from .backends import BackendUnavailable, backend_support, get_backend, register_backend
+from .cache import RegionCache, RegionEntry
+from .compiled import CompiledExecutor
 from .counters import Counters
 from .executor import EagerExecutor, Executor, replay_guard, run_node
+from .passthrough import DeferPolicy
 
-__all__ = ["Counters", "EagerExecutor", "Executor", "replay_guard", "run_node"]
+__all__ = [
+    "Counters", "EagerExecutor", "Executor", "replay_guard", "run_node", "CompiledExecutor",
+    "RegionCache", "RegionEntry", "DeferPolicy", "BackendUnavailable", "register_backend",
+    "get_backend", "backend_support", "make_executor",
+]
 
 
-def make_executor(options, counters):  # noqa: ANN001, ANN201 - see registry below
-    """The executor for ``options``: eager replay for backend "eager"; compiled otherwise."""
-    return EagerExecutor()
+def make_executor(options, counters):  # noqa: ANN001, ANN201 - Options, Counters -> Executor
+    """The executor for ``options``: a :class:`CompiledExecutor` over ``options.backend``.
 
-
-__all__.append("make_executor")
+    Every backend, "eager" included, goes through partitioning and regions ("eager"
+    runs each region's GraphModule as is: the pipeline without a compiler).
+    """
+    return CompiledExecutor(options, counters)

@@ -1,0 +1,172 @@
+"""The partitioner: a window's DAG cut into convex regions, fused or eager, in a valid order.
+
+Input: a Window, its storage groups, a support policy and a cost model (the partitioner
+never names a backend). Output: a :class:`Partition`, a sequence of :class:`Region` steps;
+running them in order computes what the window computes.
+
+Example::
+
+    >>> import torch
+    >>> from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
+    >>> from adaptive_eager.fusion.policy import OpSupport, DefaultCost
+    >>> aten = torch.ops.aten
+    >>> x = torch.ones(1 << 16); s = TensorSpec.of(x)
+    >>> w = Window({0: x}, (
+    ...     OpNode(aten.mul.Tensor, (ValueRef(0), 2.0), (), (1,)),
+    ...     OpNode(aten.nonzero.default, (ValueRef(1),), (), (2,)),
+    ...     OpNode(aten.add.Tensor, (ValueRef(1), 1.0), (), (3,)),
+    ...     OpNode(aten.relu.default, (ValueRef(3),), (), (4,)),
+    ... ), {0: s, 1: s, 2: s, 3: s, 4: s}, frozenset({2, 4}))
+    >>> p = partition(w, {0: 0}, OpSupport(), DefaultCost())
+    >>> [(r.nodes, r.fused) for r in p.steps]
+    [((0,), False), ((1,), False), ((2, 3), True)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Mapping
+
+from .graph import StorageRoots, ancestor_masks, build_dag
+from .ir import Window
+from .policy import CostModel, SupportPolicy, summarize
+from .signature import region_key
+
+
+@dataclass(frozen=True)
+class Region:
+    """A convex group of window nodes run as one step.
+
+    ``inputs``: ids read (or written in place) whose value comes from outside the region,
+    in first-use order. ``outputs``: ids made here that the program or a later step still
+    needs (dead values are never outputs). ``mutated``: inputs updated in place.
+    ``fused`` regions go to the compile pipeline; others replay op by op, ``reason`` says
+    why. ``key`` is the region signature (fused regions only).
+    """
+
+    nodes: tuple[int, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    mutated: tuple[int, ...]
+    fused: bool
+    reason: str = ""
+    key: Hashable = None
+
+
+@dataclass(frozen=True)
+class Partition:
+    """The steps of one window, in execution order."""
+
+    steps: tuple[Region, ...]
+
+    @property
+    def fused(self) -> tuple[Region, ...]:
+        return tuple(r for r in self.steps if r.fused)
+
+
+# Note [One open region, eager ops hoisted]
+# Nodes are visited in program order with one open region. A supported node joins it.
+# An eager node U that depends on nothing in the open region (no data or storage edge
+# from it, see graph.build_dag) is hoisted: it runs before the open region, which stays
+# open, so supported nodes on either side of U still fuse. Otherwise the open region is
+# closed (emitted) first. A region only ever runs after every eager node hoisted past it,
+# none of which depend on it, so no path leaves a region and re-enters it (convexity),
+# and every read/write of one storage keeps its program order.
+def partition(window: Window, groups: Mapping[int, int], support: SupportPolicy,
+              cost: CostModel) -> Partition:
+    """Cut ``window`` into regions (see Note [One open region, eager ops hoisted])."""
+    dag = build_dag(window, groups)
+    anc = ancestor_masks(dag)
+    roots = StorageRoots(window.alias_root, groups)
+    readers = _readers(window)
+    steps: list[Region] = []
+    open_nodes: list[int] = []
+    open_mask = 0
+    for i, node in enumerate(window.nodes):
+        reason = support.unsupported(node)
+        if reason is None:
+            open_nodes.append(i)
+            open_mask |= 1 << i
+            continue
+        if anc[i] & open_mask:
+            steps.append(_close(window, open_nodes, readers, roots, cost))
+            open_nodes, open_mask = [], 0
+        steps.append(_eager(window, [i], readers, reason))
+    if open_nodes:
+        steps.append(_close(window, open_nodes, readers, roots, cost))
+    part = Partition(tuple(steps))
+    check(window, part, dag)
+    return part
+
+
+def _readers(window: Window) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for i, node in enumerate(window.nodes):
+        for vid in node.inputs():
+            out.setdefault(vid, []).append(i)
+    return out
+
+
+def _io(window: Window, nodes: list[int], readers: Mapping[int, list[int]]):
+    inside = set(nodes)
+    made: list[int] = []
+    made_set: set[int] = set()
+    inputs: list[int] = []
+    seen: set[int] = set()
+    mutated: list[int] = []
+    for i in nodes:
+        node = window.nodes[i]
+        for vid in node.inputs():
+            if vid not in made_set and vid not in seen:
+                seen.add(vid)
+                inputs.append(vid)
+        for vid in node.mutates:
+            if vid not in made_set and vid not in mutated:
+                mutated.append(vid)
+        for vid in node.outputs:
+            if vid is not None and vid not in made_set and vid not in seen:
+                made_set.add(vid)
+                made.append(vid)
+    outputs = [v for v in made
+               if v in window.outputs or any(j not in inside for j in readers.get(v, ()))]
+    return tuple(inputs), tuple(outputs), tuple(mutated)
+
+
+def _eager(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
+           reason: str) -> Region:
+    inputs, outputs, mutated = _io(window, nodes, readers)
+    return Region(tuple(nodes), inputs, outputs, mutated, False, reason)
+
+
+def _close(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
+           roots: StorageRoots, cost: CostModel) -> Region:
+    inputs, outputs, mutated = _io(window, nodes, readers)
+    # Note [Aliased inputs are not fused]
+    # A compiler sees each input as its own buffer. If two inputs share storage and the
+    # region writes it, the compiled code could read stale data; such regions stay eager.
+    in_roots = [roots.root(v) for v in inputs]
+    written = {roots.root(v) for v in mutated}
+    if len(set(in_roots)) < len(in_roots) and any(in_roots.count(r) > 1 for r in written):
+        return Region(tuple(nodes), inputs, outputs, mutated, False, "aliased_inputs")
+    summary = summarize([window.nodes[i] for i in nodes], list(inputs), list(outputs),
+                        list(mutated), dict(window.specs))
+    reason = cost.decide(summary)
+    if reason is not None:
+        return Region(tuple(nodes), inputs, outputs, mutated, False, reason)
+    key = region_key(window, tuple(nodes), inputs, outputs, {v: roots.root(v) for v in inputs})
+    return Region(tuple(nodes), inputs, outputs, mutated, True, "", key)
+
+
+def check(window: Window, part: Partition, dag) -> None:  # noqa: ANN001 - networkx graph
+    """Invariants, like ``Graph.lint()``: every node once; steps respect every DAG edge."""
+    position: dict[int, int] = {}
+    for s, region in enumerate(part.steps):
+        for i in region.nodes:
+            assert i not in position, f"node {i} in two regions"
+            position[i] = s
+    assert len(position) == len(window.nodes), "a node is in no region"
+    for a, b in dag.edges:
+        assert position[a] <= position[b], f"edge {a}->{b} runs backwards"
+
+
+__all__ = ["Region", "Partition", "partition", "check"]

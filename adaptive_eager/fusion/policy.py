@@ -1,0 +1,189 @@
+"""Policies passed into the partitioner: what a backend can run, and whether fusing pays.
+
+The partitioner never names a backend. A backend describes what it can compile as data
+(an :class:`OpSupport`); a :class:`CostModel` decides, per candidate region, whether a
+compiled call beats running its ops one by one.
+
+Example::
+
+    >>> import torch
+    >>> from adaptive_eager.fusion.ir import OpNode, ValueRef
+    >>> aten = torch.ops.aten
+    >>> support = OpSupport()
+    >>> support.unsupported(OpNode(aten.mul.Tensor, (ValueRef(0), 2.0), (), (1,))) is None
+    True
+    >>> support.unsupported(OpNode(aten.nonzero.default, (ValueRef(0),), (), (1,)))
+    'data_dependent'
+    >>> op_class(aten.mm.default), op_class(aten.relu.default), op_class(aten.view.default)
+    ('matmul', 'pointwise', 'view')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from .ir import OpNode, TensorSpec
+
+_MATMUL = frozenset({
+    "aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm",
+    "aten::convolution", "aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d",
+    "aten::addbmm", "aten::addmv", "aten::mv", "aten::dot",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+})
+_REDUCTION_HINTS = ("sum", "mean", "amax", "amin", "max", "min", "prod", "norm", "var", "std",
+                    "softmax", "logsumexp", "argmax", "argmin", "any", "all", "cumsum")
+_DATA_DEPENDENT = frozenset({
+    "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
+    "aten::unique_consecutive", "aten::argwhere", "aten::repeat_interleave", "aten::item",
+    "aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero", "aten::histc",
+    "aten::bincount", "aten::nonzero_static", "aten::_assert_async",
+})
+_RANDOM_HINTS = ("rand", "normal", "bernoulli", "dropout", "uniform", "multinomial", "poisson",
+                 "exponential", "geometric", "cauchy", "log_normal")
+
+
+def op_class(target: object) -> str:
+    """Coarse class of an op for the cost model: matmul, view, pointwise, reduction, other."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return "other"
+    name = schema.name
+    if name in _MATMUL:
+        return "matmul"
+    tags = getattr(target, "tags", ())
+    if torch.Tag.pointwise in tags:
+        return "pointwise"
+    if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+        return "view"
+    base = name.split("::", 1)[-1]
+    if any(h in base for h in _REDUCTION_HINTS):
+        return "reduction"
+    return "other"
+
+
+class SupportPolicy(Protocol):
+    """``unsupported(node)``: None when the backend can compile ``node``, else a reason."""
+
+    def unsupported(self, node: OpNode) -> str | None:
+        ...
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    """Data-driven support: which namespaces compile, which ops never do.
+
+    ``deny`` holds schema names ("aten::foo") the backend cannot compile; data-dependent
+    ops, random ops and ops outside ``namespaces`` (opaque custom ops) are always refused.
+    ``allow_classes`` restricts compilation to op classes (see :func:`op_class`); ``None``
+    allows every class.
+    """
+
+    namespaces: frozenset[str] = frozenset({"aten", "prims"})
+    deny: frozenset[str] = frozenset()
+    allow_classes: frozenset[str] | None = None
+    _memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def unsupported(self, node: OpNode) -> str | None:
+        target = node.target
+        try:
+            return self._memo[target]
+        except KeyError:
+            pass
+        reason = self._classify(target)
+        self._memo[target] = reason
+        return reason
+
+    def _classify(self, target: object) -> str | None:
+        schema = getattr(target, "_schema", None)
+        if schema is None:
+            return "opaque"
+        name = schema.name
+        if name.split("::", 1)[0] not in self.namespaces:
+            return "opaque"
+        if name in _DATA_DEPENDENT or torch.Tag.data_dependent_output in target.tags \
+                or torch.Tag.dynamic_output_shape in target.tags:
+            return "data_dependent"
+        if torch.Tag.nondeterministic_seeded in target.tags or \
+                any(h in name.split("::", 1)[1] for h in _RANDOM_HINTS):
+            return "random"
+        if name in self.deny:
+            return "unsupported_by_backend"
+        if self.allow_classes is not None and op_class(target) not in self.allow_classes:
+            return "unsupported_by_backend"
+        return None
+
+
+@dataclass(frozen=True)
+class RegionSummary:
+    """What the cost model sees of a candidate region."""
+
+    n_ops: int            # kernels eager would launch (views excluded)
+    io_bytes: int         # bytes the fused region reads (inputs) and writes (outputs, mutations)
+    eager_bytes: int      # bytes eager's ops read and write, intermediates included
+    work: int             # largest number of elements any op produces or reads
+    has_matmul: bool
+
+
+class CostModel(Protocol):
+    """``decide(summary)``: None when fusing pays, else the reason it does not."""
+
+    def decide(self, summary: RegionSummary) -> str | None:
+        ...
+
+
+@dataclass(frozen=True)
+class DefaultCost:
+    """Fusing pays when launches saved plus memory traffic avoided exceed a compiled call.
+
+    Estimates (this 2-core CPU; override per backend): an eager op ~``launch_us``, a
+    compiled call ~``call_us``, memory at ``bytes_per_us``. Regions touching fewer than
+    ``min_work`` elements never compile.
+
+    Example::
+
+        >>> DefaultCost().decide(RegionSummary(3, 8 << 20, 24 << 20, 1 << 20, False)) is None
+        True
+        >>> DefaultCost().decide(RegionSummary(3, 96, 288, 8, False))
+        'too_small'
+    """
+
+    launch_us: float = 3.0
+    call_us: float = 25.0
+    bytes_per_us: float = 4000.0
+    min_work: int = 4096
+
+    def decide(self, s: RegionSummary) -> str | None:
+        if s.work < self.min_work:
+            return "too_small"
+        if s.n_ops < 1 or (s.n_ops < 2 and not s.has_matmul):
+            return "nothing_to_fuse"
+        saved = (s.n_ops - 1) * self.launch_us + max(0, s.eager_bytes - s.io_bytes) / self.bytes_per_us
+        if saved <= self.call_us:
+            return "not_worth_it"
+        return None
+
+
+def summarize(nodes: list[OpNode], inputs: list[int], outputs: list[int],
+              mutated: list[int], specs: dict[int, TensorSpec]) -> RegionSummary:
+    """Build the :class:`RegionSummary` of a candidate region."""
+    n_ops, eager_bytes, work, mm = 0, 0, 0, False
+    for node in nodes:
+        cls = op_class(node.target)
+        mm = mm or cls == "matmul"
+        if cls == "view":
+            continue
+        n_ops += 1
+        for vid in list(node.inputs()) + [v for v in node.outputs if v is not None]:
+            spec = specs.get(vid)
+            if spec is not None:
+                eager_bytes += spec.nbytes
+                work = max(work, spec.numel)
+    io = sum(specs[v].nbytes for v in list(inputs) + list(outputs) + list(mutated) if v in specs)
+    return RegionSummary(n_ops, io, eager_bytes, work, mm)
+
+
+__all__ = ["op_class", "SupportPolicy", "OpSupport", "RegionSummary", "CostModel",
+           "DefaultCost", "summarize"]

@@ -1,0 +1,121 @@
+"""Structural keys: one for a whole window (to reuse its plan), one per region (the guard).
+
+A window key lists everything that decides the plan: each node's target, its arguments
+with value ids and baked scalars, the lifted-scalar slots (not their values, Note
+[Scalar lifting]), the input specs, which inputs share storage, the view structure and
+the live outputs. Two windows with equal keys get the same plan, so the plan (partition,
+fx graphs, compiled artifacts) is built once and looked up by key on every later flush.
+
+A region key is the same idea for one region, with value ids renumbered from the region's
+own inputs, so that equal regions in different windows share a compiled artifact. It is
+the only guard of a compiled artifact (Note [Our signature is the guard]).
+
+Example::
+
+    >>> import torch
+    >>> from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
+    >>> aten = torch.ops.aten
+    >>> x = torch.ones(4); s = TensorSpec.of(x)
+    >>> def win(lr):
+    ...     return Window({0: x}, (OpNode(aten.mul.Tensor, (ValueRef(0), lr), (), (1,)),),
+    ...                   {0: s, 1: s}, frozenset({1}))
+    >>> k1, f1 = window_key(win(0.1), {0: 0})
+    >>> k2, f2 = window_key(win(0.2), {0: 0})
+    >>> k1 == k2, f1, f2
+    (True, [0.1], [0.2])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Mapping
+
+from .ir import TensorSpec, ValueRef, Window
+from .scalars import lift_rule, lifted_value, strip
+
+# Note [Our signature is the guard]
+# A compiled artifact is called directly, with no second layer of guards (no Dynamo).
+# So its key must list everything the compiled code may have specialized on: the graph
+# (targets, constants, structure), each input's shape, stride, storage offset, dtype and
+# device, which inputs alias each other, and which values are returned. Lifted scalars
+# contribute their slot and dtype only. Nothing else reaches the compiled code.
+
+
+def spec_key(spec: TensorSpec) -> tuple:
+    """A TensorSpec as a plain tuple (fast hash and equality)."""
+    return (spec.shape, spec.stride, spec.storage_offset, spec.dtype, spec.device)
+
+
+def _freeze(x: Any) -> Any:
+    t = type(x)
+    if t is ValueRef:
+        return x.id
+    if t is tuple:
+        return tuple([_freeze(a) for a in x])
+    if t is list:
+        return ("L", tuple([_freeze(a) for a in x]))
+    if t is float or t is int or t is bool:
+        return (t, x)  # 1, 1.0 and True are equal in Python, not to ATen
+    return x
+
+
+def window_key(window: Window, groups: Mapping[int, int]) -> tuple[Hashable, list[float]]:
+    """(structural key, lifted float values in node order) for ``window``.
+
+    ``groups`` maps each real input to its storage group (``graph.storage_groups``).
+    """
+    specs = window.specs
+    floats: list[float] = []
+    parts: list[Any] = []
+    for node in window.nodes:
+        rule = lift_rule(node, specs) if node.args else None
+        if rule is None:
+            args, kwargs = node.args, node.kwargs
+        else:
+            floats.append(lifted_value(node, rule))
+            args, kwargs = strip(node, rule)
+        parts.append((node.target, _freeze(args), _freeze(kwargs), node.outputs, node.mutates))
+    inputs = tuple((vid, spec_key(specs[vid]), groups.get(vid, vid)) for vid in window.inputs)
+    key = (inputs, tuple(parts), tuple(window.alias_root.items()), tuple(sorted(window.outputs)))
+    return key, floats
+
+
+def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
+               outputs: tuple[int, ...], root_of: Mapping[int, int]) -> Hashable:
+    """Structural key of one region (value ids renumbered; see the module docstring).
+
+    ``root_of`` maps each input id to its storage root, so aliasing among the region's
+    inputs is part of the key.
+    """
+    local: dict[int, int] = {v: i for i, v in enumerate(inputs)}
+    specs = window.specs
+
+    def renum(x: Any) -> Any:
+        t = type(x)
+        if t is ValueRef:
+            return ("v", local[x.id])
+        if t is tuple or t is list:
+            return (t.__name__, tuple(renum(a) for a in x))
+        if t is float or t is int or t is bool:
+            return (t, x)
+        return x
+
+    parts = []
+    for i in nodes:
+        node = window.nodes[i]
+        rule = lift_rule(node, specs) if node.args else None
+        args, kwargs = (node.args, node.kwargs) if rule is None else strip(node, rule)
+        a, k = renum(args), renum(kwargs)
+        for vid in node.outputs:
+            if vid is not None and vid not in local:
+                local[vid] = len(local)
+        outs = tuple(None if v is None else local[v] for v in node.outputs)
+        parts.append((node.target, a, k, outs))
+    first_root: dict[int, int] = {}
+    aliasing = tuple(first_root.setdefault(root_of[v], j) for j, v in enumerate(inputs))
+    in_specs = tuple(spec_key(specs[v]) for v in inputs)
+    out_ids = tuple(local[v] for v in outputs)
+    out_specs = tuple(spec_key(specs[v]) for v in outputs)
+    return (tuple(parts), in_specs, aliasing, out_ids, out_specs)
+
+
+__all__ = ["spec_key", "window_key", "region_key"]

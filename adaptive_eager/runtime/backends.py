@@ -1,0 +1,114 @@
+"""Backend registry: name -> compile function ``(GraphModule, example_inputs) -> callable``.
+
+A backend also describes, as data, which ops it can compile (:class:`OpSupport`), so the
+partitioner can ask without knowing which backend it serves. Optional compilers are
+imported lazily, inside the compile function: importing the runtime never imports them.
+
++-----------+------------------------------------------------------------------------+
+| name      | what it does                                                           |
++===========+========================================================================+
+| inductor  | ``torch._inductor.compile_fx.compile_fx`` on the ATen graph (no Dynamo, |
+|           | no guards), under ``no_grad``: an inference graph, mutations written back|
+| aot_eager | AOTAutograd functionalization, then the functional graph run eagerly   |
+| eager     | the GraphModule itself (debugging the pipeline without a compiler)     |
+| neuron    | ``torch.compile(gm, backend="neuron")``; needs torch_neuronx           |
+| callable  | any ``(GraphModule, example_inputs) -> callable``                        |
++-----------+------------------------------------------------------------------------+
+
+Example::
+
+    >>> fn = get_backend("eager")
+    >>> import torch.fx as fx, torch
+    >>> gm = fx.symbolic_trace(lambda x: (x + 1,))
+    >>> fn(gm, [torch.zeros(1)])(torch.zeros(1))
+    (tensor([1.]),)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from ..fusion.policy import OpSupport
+
+CompileFn = Callable[[fx.GraphModule, list], Callable[..., Any]]
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run in this process (e.g. torch_neuronx missing)."""
+
+
+def _inductor(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch.no_grad():
+        return compile_fx(gm, example_inputs)
+
+
+def _aot_eager(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    from torch._dynamo.backends.debugging import aot_eager
+
+    with torch.no_grad():
+        return aot_eager(gm, example_inputs)
+
+
+def _eager(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    return gm
+
+
+def _neuron(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    if importlib.util.find_spec("torch_neuronx") is None:
+        raise BackendUnavailable(
+            "backend 'neuron' needs torch_neuronx (pip install torch-neuronx on a Trainium "
+            "host); regions run eagerly instead"
+        )
+    import torch_neuronx  # noqa: F401 - registers the "neuron" torch.compile backend
+
+    return torch.compile(gm, backend="neuron", fullgraph=True, dynamic=False)
+
+
+# Note [Backend registry]
+# The one piece of module-level mutable state here: a documented registry, filled
+# below with the built-ins and extended with register_backend(). Each entry is
+# (compile function, support data, debugging?). Debugging backends are never demoted
+# for speed (they exist to check the pipeline, not to be fast).
+_REGISTRY: dict[str, tuple[CompileFn, OpSupport, bool]] = {
+    "inductor": (_inductor, OpSupport(), False),
+    "aot_eager": (_aot_eager, OpSupport(), True),
+    "eager": (_eager, OpSupport(), True),
+    "neuron": (_neuron, OpSupport(), False),
+}
+
+
+def register_backend(name: str, compile_fn: CompileFn, support: OpSupport | None = None,
+                     debugging: bool = False) -> None:
+    """Add (or replace) a named backend."""
+    _REGISTRY[name] = (compile_fn, support or OpSupport(), debugging)
+
+
+def get_backend(spec: str | CompileFn) -> CompileFn:
+    """The compile function for a backend name or callable."""
+    if callable(spec):
+        return spec
+    try:
+        return _REGISTRY[spec][0]
+    except KeyError:
+        raise ValueError(f"unknown adaptive_eager backend {spec!r}; known: {', '.join(_REGISTRY)}") from None
+
+
+def backend_support(spec: str | CompileFn) -> OpSupport:
+    """What the backend can compile, as data (default: every ATen op except the usual)."""
+    entry = _REGISTRY.get(spec) if isinstance(spec, str) else None
+    return entry[1] if entry else OpSupport()
+
+
+def is_debugging(spec: str | CompileFn) -> bool:
+    entry = _REGISTRY.get(spec) if isinstance(spec, str) else None
+    return bool(entry and entry[2])
+
+
+__all__ = ["CompileFn", "BackendUnavailable", "register_backend", "get_backend",
+           "backend_support", "is_debugging"]

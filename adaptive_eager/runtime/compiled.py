@@ -1,0 +1,260 @@
+"""CompiledExecutor: hot regions compiled, cold ones eager, no compile stalls.
+
+Per flush: storage groups and the window key are computed (cheap, linear); the plan
+(partition, region signatures, lifted-scalar slots) is looked up by key and built only
+on a miss. Each fused region is then run through its cache entry:
+
++------------+-------------------------------------------------------------------+
+| entry      | what a flush does with the region                                 |
++============+===================================================================+
+| cold       | replay eagerly; after ``compile_after`` sightings, submit compile |
+| compiling  | replay eagerly (async); eager-only past the compile timeout       |
+| compiled   | call the artifact directly (the signature is the guard); the first|
+|            | call is checked (metadata, and values when ``verify_compiled``),  |
+|            | the next few timed against eager (slower: demoted)                |
+| eager_only | replay eagerly (failed, timed out, mismatched, demoted)           |
++------------+-------------------------------------------------------------------+
+
+Example::
+
+    >>> import torch
+    >>> from adaptive_eager import config
+    >>> from adaptive_eager.runtime.counters import Counters
+    >>> from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
+    >>> aten = torch.ops.aten
+    >>> x = torch.ones(1 << 16); s = TensorSpec.of(x)
+    >>> w = Window({0: x}, (OpNode(aten.mul.Tensor, (ValueRef(0), 2.0), (), (1,)),
+    ...                     OpNode(aten.add.Tensor, (ValueRef(1), 1.0), (), (2,))),
+    ...            {0: s, 1: s, 2: s}, frozenset({2}))
+    >>> ex = CompiledExecutor(config.resolve(backend="eager", compile_after=1,
+    ...                                      async_compile=False), Counters())
+    >>> float(ex.run(w)[2][0]), ex.counters.regions_compiled  # first call: checked vs eager
+    (3.0, 1)
+    >>> float(ex.run(w)[2][0]), ex.counters.compiled_calls, ex.counters.ops_fused
+    (3.0, 1, 2)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Hashable, Mapping
+
+import cachetools
+import torch
+from torch.autograd.profiler import _is_profiler_enabled  # noqa: F401 - cheap check, below
+
+from ..fusion.fxgraph import lower
+from ..fusion.graph import storage_groups
+from ..fusion.ir import Window
+from ..fusion.partition import Partition, Region, partition
+from ..fusion.policy import DefaultCost, SupportPolicy
+from ..fusion.scalars import lift_rule, scalar_dtype
+from ..fusion.signature import window_key
+from .backends import get_backend, is_debugging, backend_support
+from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
+from .checks import clone_strided, outputs_match
+from .compiler import CompileService
+from .counters import Counters
+from .executor import replay_guard, run_node
+from .passthrough import DeferPolicy
+
+_TIMED_CALLS = 3  # compiled calls timed against eager before keeping a region
+
+
+@dataclass(frozen=True)
+class Step:
+    """One region of a plan and the lifted-scalar slots it reads: (float index, dtype)."""
+
+    region: Region
+    scalars: tuple[tuple[int, torch.dtype], ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a window key maps to: the steps and whether anything in it is fusible."""
+
+    steps: tuple[Step, ...]
+    worth: bool
+
+
+def _profiling() -> bool:
+    return torch.autograd.profiler._is_profiler_enabled
+
+
+class CompiledExecutor:
+    """Executor (see ``runtime.executor``) that compiles hot regions of windows."""
+
+    def __init__(self, options: Any, counters: Counters, support: SupportPolicy | None = None,
+                 cost: Any = None, fuel: int | None = -1):
+        self.options = options
+        self.counters = counters
+        self.support = support or backend_support(options.backend)
+        self.cost = cost or DefaultCost(min_work=options.min_region_work)
+        self.cache = RegionCache(options.cache_size, counters)
+        self.plans: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
+        self.compiler = CompileService(get_backend(options.backend), counters,
+                                       options.async_compile, options.compile_timeout_s, fuel)
+        self.demote = not is_debugging(options.backend)
+        self.defer = DeferPolicy(options.adaptive_passthrough)
+
+    # -- the Executor contract ------------------------------------------------------
+    def run(self, window: Window) -> Mapping[int, torch.Tensor]:
+        groups = storage_groups(window)
+        key, floats = window_key(window, groups)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = self._plan(window, groups)
+        env: dict[int, torch.Tensor] = dict(window.inputs)
+        worth = False
+        with replay_guard():
+            for step in plan.steps:
+                region = step.region
+                if region.fused:
+                    worth |= self._run_fused(window, step, env, floats)
+                else:
+                    self._run_eager(window, region, env)
+        self.defer.note_window(len(window.nodes), worth)
+        return {vid: env[vid] for vid in window.outputs}
+
+    def should_defer(self) -> bool:
+        """O(1): whether the mode should keep deferring ops (``passthrough.DeferPolicy``)."""
+        return self.defer.should_defer()
+
+    # -- planning -------------------------------------------------------------------
+    def _plan(self, window: Window, groups: Mapping[int, int]) -> Plan:
+        part: Partition = partition(window, groups, self.support, self.cost)
+        index = {}  # node index -> lifted float index
+        for i, node in enumerate(window.nodes):
+            rule = lift_rule(node, window.specs) if node.args else None
+            if rule is not None:
+                index[i] = len(index)
+        steps = []
+        for region in part.steps:
+            slots = tuple((index[i], scalar_dtype(window.specs[window.nodes[i].outputs[0]].dtype))
+                          for i in region.nodes if i in index) if region.fused else ()
+            steps.append(Step(region, slots))
+        return Plan(tuple(steps), any(r.fused for r in part.steps))
+
+    # -- running --------------------------------------------------------------------
+    def _run_eager(self, window: Window, region: Region, env: dict) -> None:
+        if _profiling():
+            with torch.profiler.record_function("adaptive_eager.eager_replay"):
+                for i in region.nodes:
+                    run_node(window.nodes[i], env)
+        else:
+            for i in region.nodes:
+                run_node(window.nodes[i], env)
+        self.counters.ops_eager += len(region.nodes)
+        if region.reason not in ("too_small", "not_worth_it", "nothing_to_fuse", "cost"):
+            for i in region.nodes:
+                self.counters.note_fallback(window.nodes[i].name, region.reason)
+
+    def _run_fused(self, window: Window, step: Step, env: dict, floats: list) -> bool:
+        """Run one fused region; True while it is (or may become) compiled."""
+        region = step.region
+        entry = self.cache.entry(region.key)
+        if entry.state == COMPILED and entry.fn is not None:
+            self.counters.cache_hits += 1
+            self._call_compiled(window, step, entry, env, floats)
+            return True
+        if entry.state == EAGER_ONLY:
+            self._run_eager(window, region, env)
+            return False
+        self.counters.cache_misses += 1
+        if entry.state == COMPILING:
+            self.compiler.check_timeout(entry)
+        else:
+            entry.seen += 1
+            if entry.seen >= self.options.compile_after and self.compiler.take_fuel():
+                self.compiler.submit(entry, lambda: self._lower(window, region))
+                if entry.state == COMPILED:
+                    self._call_compiled(window, step, entry, env, floats)
+                    return True
+        t0 = time.perf_counter_ns()
+        self._run_eager(window, region, env)
+        if len(entry.eager_ns) < _TIMED_CALLS:
+            entry.eager_ns.append(time.perf_counter_ns() - t0)
+        return entry.state != EAGER_ONLY
+
+    def _lower(self, window: Window, region: Region) -> tuple[Any, list]:
+        lowered = lower(window, region)
+        return lowered.module, lowered.example_inputs()
+
+    def _scalars(self, step: Step, entry: RegionEntry, floats: list) -> list[torch.Tensor]:
+        out = []
+        cache = entry.scalars
+        for slot, (fi, dtype) in enumerate(step.scalars):
+            v = floats[fi]
+            hit = cache.get(slot)
+            if hit is None or hit[0] != v:
+                hit = cache[slot] = (v, torch.tensor(v, dtype=dtype))
+            out.append(hit[1])
+        return out
+
+    def _call_compiled(self, window: Window, step: Step, entry: RegionEntry, env: dict,
+                       floats: list) -> None:
+        region = step.region
+        args = [env[v] for v in region.inputs]
+        if step.scalars:
+            args.extend(self._scalars(step, entry, floats))
+        if not entry.checked:
+            if not self._first_call(window, region, entry, env, args):
+                return
+        elif len(entry.compiled_ns) < _TIMED_CALLS and self.demote:
+            t0 = time.perf_counter_ns()
+            outs = entry.fn(*args)
+            entry.compiled_ns.append(time.perf_counter_ns() - t0)
+            self._bind(region, env, outs)
+            self._maybe_demote(entry)
+            return
+        elif _profiling():
+            with torch.profiler.record_function("adaptive_eager.compiled_region"):
+                outs = entry.fn(*args)
+            self._bind(region, env, outs)
+        else:
+            self._bind(region, env, entry.fn(*args))
+
+    def _bind(self, region: Region, env: dict, outs: Any) -> None:
+        for vid, t in zip(region.outputs, outs):
+            env[vid] = t
+        self.counters.compiled_calls += 1
+        self.counters.ops_fused += len(region.nodes)
+
+    def _first_call(self, window: Window, region: Region, entry: RegionEntry, env: dict,
+                    args: list) -> bool:
+        """Check the artifact once: compiled on clones vs eager on the real inputs.
+
+        True when the compiled results were bound; False when the region ran eagerly.
+        """
+        entry.checked = True
+        clones = [clone_strided(a) if i < len(region.inputs) and
+                  region.mutated else a for i, a in enumerate(args)]
+        try:
+            outs = entry.fn(*clones)
+        except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
+            self.compiler.fail(entry, f"compiled call failed: {type(e).__name__}: {e}")
+            self._run_eager(window, region, env)
+            return False
+        if not self.options.verify_compiled:
+            problem = outputs_match(window, region, outs, None, None, None)
+            if problem is None and not region.mutated:
+                self._bind(region, env, outs)
+                return True
+        t0 = time.perf_counter_ns()
+        self._run_eager(window, region, env)
+        entry.eager_ns.append(time.perf_counter_ns() - t0)
+        ref = [env[v] for v in region.outputs]
+        problem = outputs_match(window, region, outs, ref, clones, env)
+        if problem is not None:
+            self.compiler.fail(entry, f"compiled outputs differ: {problem}")
+        return False
+
+    def _maybe_demote(self, entry: RegionEntry) -> None:
+        if len(entry.compiled_ns) < _TIMED_CALLS or not entry.eager_ns:
+            return
+        if min(entry.compiled_ns) >= min(entry.eager_ns):
+            self.compiler.fail(entry, "demoted: compiled not faster than eager", "demotions")
+
+
+__all__ = ["CompiledExecutor", "Plan", "Step"]

@@ -1,0 +1,147 @@
+"""The compile service: runs backend compiles off the program's thread, with a timeout.
+
+# Note [Compile in a worker thread, never under our modes]
+# Inductor runs FakeTensorMode and AOTAutograd internally, so a compile must not run
+# under DisableTorchDispatch, our dispatch mode, or autograd (flushes happen inside
+# all three). Mode stacks are thread-local: a fresh thread has none. So every compile
+# runs in the service's worker thread; a synchronous compile just waits for it. An
+# asynchronous one lets the program continue eagerly and switch when ready.
+# A compile past ``timeout_s`` marks its region eager-only; its late result is dropped.
+
+Example::
+
+    >>> from adaptive_eager.runtime.counters import Counters
+    >>> from adaptive_eager.runtime.cache import RegionEntry
+    >>> svc = CompileService(lambda gm, ex: gm, Counters(), async_=False, timeout_s=10)
+    >>> e = RegionEntry("k")
+    >>> svc.submit(e, lambda: (lambda x: x, []))
+    >>> e.state
+    'compiled'
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
+from .counters import Counters
+
+log = logging.getLogger("adaptive_eager")
+
+FUEL_ENV = "ADAPTIVE_EAGER_FUEL"
+
+
+def _fuel_from_env() -> int | None:
+    raw = os.environ.get(FUEL_ENV, "").strip()
+    return int(raw) if raw else None
+
+
+class CompileService:
+    """Compiles region graphs with ``compile_fn`` in one worker thread.
+
+    ``fuel``: how many regions may still be compiled (None: unlimited; from
+    ``ADAPTIVE_EAGER_FUEL`` by default), to bisect a miscompile: with fuel N, only the
+    first N regions compile and the rest run eagerly.
+    """
+
+    def __init__(self, compile_fn: Callable, counters: Counters, async_: bool, timeout_s: float,
+                 fuel: int | None = -1):
+        self.compile_fn = compile_fn
+        self.counters = counters
+        self.async_ = async_
+        self.timeout_s = timeout_s
+        self.fuel = _fuel_from_env() if fuel == -1 else fuel
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+
+    def _executor(self) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="adaptive_eager-compile")
+            return self._pool
+
+    def take_fuel(self) -> bool:
+        with self._lock:
+            if self.fuel is None:
+                return True
+            if self.fuel <= 0:
+                return False
+            self.fuel -= 1
+            return True
+
+    def submit(self, entry: RegionEntry, build: Callable[[], tuple[Any, list]]) -> None:
+        """Compile ``build()``'s (GraphModule, example inputs) for ``entry``.
+
+        ``build`` runs here, in the caller's thread (it reads the window); the compile
+        runs in the worker. Synchronous services wait (up to the timeout).
+        """
+        try:
+            gm, example = build()
+        except Exception as e:  # noqa: BLE001 - lowering failure: region stays eager
+            self.fail(entry, f"lowering failed: {type(e).__name__}: {e}")
+            return
+        entry.state = COMPILING
+        entry.submitted_at = time.monotonic()
+        with self.counters.lock:
+            self.counters.compiles_in_flight += 1
+        fut = self._executor().submit(self._compile, entry, gm, example)
+        if not self.async_:
+            try:
+                fut.result(timeout=self.timeout_s or None)
+            except cf.TimeoutError:
+                self.fail(entry, f"compile timed out after {self.timeout_s:.0f} s")
+
+    def _compile(self, entry: RegionEntry, gm: Any, example: list) -> None:
+        t0 = time.perf_counter()
+        try:
+            fn = self.compile_fn(gm, example)
+            err = None
+        except Exception as e:  # noqa: BLE001 - any compiler error: eager-only, never raised
+            fn, err = None, e
+        dt = time.perf_counter() - t0
+        with self.counters.lock:
+            self.counters.compiles_in_flight -= 1
+            self.counters.compile_time_s += dt
+        if entry.state != COMPILING:  # timed out meanwhile
+            return
+        if err is not None:
+            self.fail(entry, f"compile failed: {type(err).__name__}: {err}")
+            return
+        entry.fn = fn
+        entry.state = COMPILED
+        with self.counters.lock:
+            self.counters.regions_compiled += 1
+
+    def check_timeout(self, entry: RegionEntry) -> None:
+        """Called by the executor on each use of a compiling entry (async mode)."""
+        if self.timeout_s and time.monotonic() - entry.submitted_at > self.timeout_s:
+            self.fail(entry, f"compile timed out after {self.timeout_s:.0f} s")
+
+    def fail(self, entry: RegionEntry, reason: str, count: str = "compile_failures") -> None:
+        """Mark ``entry`` eager-only, count it, and log once per kind of reason."""
+        if entry.state == EAGER_ONLY:
+            return
+        entry.state, entry.fn, entry.reason = EAGER_ONLY, None, reason
+        with self.counters.lock:
+            setattr(self.counters, count, getattr(self.counters, count) + 1)
+            self.counters.note_fallback("region", reason.split(":")[0])
+        kind = reason.split(":")[0]
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("adaptive_eager: a region runs eagerly from now on (%s); results stay "
+                        "correct. Further such events are counted, not logged.", reason)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+
+
+__all__ = ["CompileService", "FUEL_ENV"]

@@ -1,0 +1,61 @@
+"""Adaptive pass-through: tell the mode when deferring buys nothing.
+
+Deferring costs a few µs per op; it pays only when windows contain regions worth
+compiling. :class:`DeferPolicy` watches every flushed window (fed by the executor) and
+answers :meth:`should_defer` in O(1) for the mode.
+
+Protocol for the mode (the dispatch owner wires it):
+
+* ``executor.should_defer()`` before opening a new window (recorder empty): False means
+  "run this op straight through". While it answers False, it answers True once every
+  ``probe_every`` calls, so a window is captured now and then and judged again.
+* the executor calls ``note_window(n_ops, worth)`` after each flush itself.
+
+Example::
+
+    >>> p = DeferPolicy(patience=2, probe_every=3)
+    >>> p.note_window(50, False); p.note_window(50, False)
+    >>> [p.should_defer() for _ in range(4)]
+    [False, False, True, False]
+    >>> p.note_window(50, True); p.should_defer()
+    True
+"""
+
+from __future__ import annotations
+
+
+class DeferPolicy:
+    """Stops deferral after ``patience`` windows in a row with nothing worth compiling.
+
+    ``enabled=False`` (option ``adaptive_passthrough``) always defers.
+    """
+
+    def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 1024):
+        self.enabled = enabled
+        self.patience = patience
+        self.probe_every = probe_every
+        self._streak = 0
+        self._defer = True
+        self._calls = 0
+
+    def note_window(self, n_ops: int, worth: bool) -> None:
+        """Record one flushed window: ``worth`` when it held a region worth compiling."""
+        if worth:
+            self._streak = 0
+            self._defer = True
+        elif n_ops >= 4:  # one or two ops say nothing about the program
+            self._streak += 1
+            if self.enabled and self._streak >= self.patience:
+                self._defer = False
+
+    def should_defer(self) -> bool:
+        if self._defer:
+            return True
+        self._calls += 1
+        if self._calls >= self.probe_every:
+            self._calls = 0
+            return True
+        return False
+
+
+__all__ = ["DeferPolicy"]

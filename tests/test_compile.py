@@ -1,0 +1,210 @@
+"""The compile pipeline through the real mode: compiled vs eager, fallbacks, cache, scalars."""
+
+import logging
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+import adaptive_eager as ae
+from adaptive_eager import session
+
+N = 1 << 16
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sessions():
+    session.clear_sessions()
+    yield
+    session.clear_sessions()
+
+
+def _chain(x):
+    return torch.sigmoid((x * 2.0 + 1.0).relu()) * x
+
+
+def _adamw(params, grads, ms, vs, lr, bc1, bc2, beta1=0.9, beta2=0.999, eps=1e-8, wd=0.01):
+    step_size = lr / bc1
+    bc2_sqrt = math.sqrt(bc2)
+    for p, g, m, v in zip(params, grads, ms, vs):
+        p.mul_(1 - lr * wd)
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v.sqrt() / bc2_sqrt).add_(eps)
+        p.addcdiv_(m, denom, value=-step_size)
+
+
+def _run_adamw(steps, **opts):
+    torch.manual_seed(0)
+    params = [torch.randn(64, 256) for _ in range(3)]
+    grads = [torch.randn_like(p) for p in params]
+    ms = [torch.zeros_like(p) for p in params]
+    vs = [torch.zeros_like(p) for p in params]
+    history = []
+    for t in range(1, steps + 1):
+        lr = 1e-2 * (0.9 ** t)
+        if opts:
+            with ae.adaptive_eager(**opts):
+                _adamw(params, grads, ms, vs, lr, 1 - 0.9 ** t, 1 - 0.999 ** t)
+            c = session.counters()
+            history.append((c.cache_hits, c.cache_misses, c.regions_compiled))
+        else:
+            _adamw(params, grads, ms, vs, lr, 1 - 0.9 ** t, 1 - 0.999 ** t)
+    return params, ms, vs, history
+
+
+def test_pointwise_chain_compiles_into_one_region():
+    x = torch.randn(N)
+    for _ in range(3):
+        with ae.adaptive_eager(backend="aot_eager", compile_after=1, async_compile=False):
+            y = _chain(x)
+            y.sum().item()  # the sum joins the region; item flushes
+        torch.testing.assert_close(y, _chain(x))
+    c = session.counters()
+    assert c.regions_compiled == 1 and c.compile_failures == 0
+    assert c.compiled_calls == 2 and c.ops_fused >= 2 * 6
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_adamw_with_changing_lr_hits_the_cache_every_step(backend):
+    ref = _run_adamw(6)
+    got = _run_adamw(6, backend=backend, compile_after=2, async_compile=False)
+    for a, b in zip(ref[:3], got[:3]):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    hist = got[3]
+    compiled_after_warmup = hist[2][2]
+    assert compiled_after_warmup >= 1
+    for (h0, m0, r0), (h1, m1, r1) in zip(hist[2:], hist[3:]):
+        assert h1 > h0, "every step after warm-up hits the cache"
+        assert m1 == m0, "no misses once warm, although lr and bias corrections change"
+        assert r1 == r0, "no recompiles"
+
+
+def test_compile_failure_falls_back_to_eager(caplog):
+    def broken(gm, example_inputs):
+        raise RuntimeError("injected compile failure")
+
+    x = torch.randn(N)
+    with caplog.at_level(logging.WARNING, logger="adaptive_eager"):
+        for _ in range(3):
+            with ae.adaptive_eager(backend=broken, compile_after=1, async_compile=False):
+                y = _chain(x)
+            torch.testing.assert_close(y, _chain(x))
+    c = session.counters()
+    assert c.compile_failures == 1 and c.regions_compiled == 0 and c.compiled_calls == 0
+    assert sum("injected compile failure" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_wrong_compiled_values_or_metadata_mark_region_eager_only():
+    def wrong_values(gm, example_inputs):
+        return lambda *args: tuple(t + 1 for t in gm(*args))
+
+    def wrong_strides(gm, example_inputs):
+        return lambda *args: tuple(t.t().contiguous().t() if t.dim() == 2 else t[::1].clone()
+                                   for t in gm(*args))
+
+    x = torch.randn(256, 256)
+    for backend in (wrong_values, wrong_strides):
+        session.counters().reset()
+        for _ in range(3):
+            with ae.adaptive_eager(backend=backend, compile_after=1, async_compile=False):
+                y = _chain(x)
+            torch.testing.assert_close(y, _chain(x))
+            assert y.stride() == (256, 1)
+        assert session.counters().compile_failures == 1
+        assert session.counters().compiled_calls == 0
+
+
+def test_async_compile_keeps_running_eagerly_then_switches():
+    gate = threading.Event()
+
+    def slow(gm, example_inputs):
+        gate.wait(10)
+        return gm
+
+    x = torch.randn(N)
+    opts = dict(backend=slow, compile_after=1, async_compile=True)
+    with ae.adaptive_eager(**opts):
+        y = _chain(x)
+    torch.testing.assert_close(y, _chain(x))
+    assert session.counters().compiled_calls == 0
+    gate.set()
+    for _ in range(50):
+        if session.counters().regions_compiled:
+            break
+        time.sleep(0.05)
+    for _ in range(3):
+        with ae.adaptive_eager(**opts):
+            y = _chain(x)
+        torch.testing.assert_close(y, _chain(x))
+    c = session.counters()
+    assert c.regions_compiled == 1 and c.compiled_calls >= 1 and c.compiles_in_flight == 0
+
+
+def test_slow_compiled_region_is_demoted():
+    def slow(gm, example_inputs):
+        def call(*args):
+            time.sleep(0.2)
+            return gm(*args)
+        return call
+
+    x = torch.randn(N)
+    for _ in range(8):
+        with ae.adaptive_eager(backend=slow, compile_after=3, async_compile=False):
+            y = _chain(x)
+        torch.testing.assert_close(y, _chain(x))
+    c = session.counters()
+    assert c.demotions == 1
+    assert c.compiled_calls == 3  # the timed calls, then eager
+
+
+def test_fuel_limits_compiled_regions(monkeypatch):
+    monkeypatch.setenv("ADAPTIVE_EAGER_FUEL", "1")
+    x, z = torch.randn(N), torch.randn(2 * N)
+    for _ in range(2):
+        with ae.adaptive_eager(backend="eager", compile_after=1, async_compile=False):
+            a = _chain(x)
+            a.sum().item()
+            b = _chain(z)
+        torch.testing.assert_close(b, _chain(z))
+    assert session.counters().regions_compiled == 1
+
+
+def test_tiny_windows_stop_deferral():
+    from adaptive_eager.runtime import make_executor
+    from adaptive_eager import config
+
+    ex = make_executor(config.resolve(backend="eager"), session.counters())
+    mode_opts = config.resolve(backend="eager")
+    x = torch.randn(32)
+    assert ex.should_defer()
+    from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
+    aten = torch.ops.aten
+    s = TensorSpec.of(x)
+    nodes = tuple(OpNode(aten.mul.Tensor, (ValueRef(i), 1.1), (), (i + 1,)) for i in range(8))
+    w = Window({0: x}, nodes, {i: s for i in range(9)}, frozenset({8}))
+    for _ in range(ex.defer.patience):
+        ex.run(w)
+    assert not ex.should_defer()
+    assert mode_opts.adaptive_passthrough
+
+
+@pytest.mark.inductor
+def test_inductor_regions_match_eager_and_scalars_hit():
+    ref = _run_adamw(5)
+    got = _run_adamw(5, backend="inductor", compile_after=2, async_compile=False)
+    for a, b in zip(ref[:3], got[:3]):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    hist = got[3]
+    c = session.counters()
+    assert c.compile_failures == 0, c.fallback_ops
+    assert hist[-1][0] > hist[-2][0] and hist[-1][1] == hist[-2][1] and hist[-1][2] == hist[-2][2]
+    x = torch.randn(N)
+    for _ in range(3):
+        with ae.adaptive_eager(backend="inductor", compile_after=1, async_compile=False):
+            y = _chain(x)
+        torch.testing.assert_close(y, _chain(x))

@@ -1,0 +1,129 @@
+"""Structural tests of the partitioner: which nodes fuse, in which order regions run."""
+
+import torch
+
+from adaptive_eager.fusion.graph import build_dag, storage_groups
+from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
+from adaptive_eager.fusion.partition import partition
+from adaptive_eager.fusion.policy import DefaultCost, OpSupport
+from adaptive_eager.fusion.signature import region_key, window_key
+
+aten = torch.ops.aten
+N = 1 << 16
+R = ValueRef
+
+
+def _window(nodes, inputs, outputs, alias_root=None):
+    """Specs by running the nodes eagerly (test helper)."""
+    env = dict(inputs)
+    from adaptive_eager.runtime.executor import run_node
+    for n in nodes:
+        run_node(n, env)
+    specs = {v: TensorSpec.of(t) for v, t in env.items()}
+    return Window(inputs, tuple(nodes), specs, frozenset(outputs), alias_root or {})
+
+
+def _plan(w, cost=None):
+    return partition(w, storage_groups(w), OpSupport(), cost or DefaultCost())
+
+
+def _op(target, args, outs, mutates=(), kwargs=()):
+    return OpNode(target, tuple(args), tuple(kwargs), tuple(outs), tuple(mutates))
+
+
+def test_pointwise_chain_is_one_region():
+    x = torch.randn(N)
+    w = _window([_op(aten.mul.Tensor, (R(0), 2.0), (1,)), _op(aten.add.Tensor, (R(1), 1.0), (2,)),
+                 _op(aten.relu.default, (R(2),), (3,)), _op(aten.sigmoid.default, (R(3),), (4,))],
+                {0: x}, {4})
+    p = _plan(w)
+    assert [(r.nodes, r.fused) for r in p.steps] == [((0, 1, 2, 3), True)]
+    assert p.steps[0].inputs == (0,) and p.steps[0].outputs == (4,)  # dead 1..3 not outputs
+
+
+def test_matmul_keeps_prologue_and_epilogue():
+    a, b, bias = torch.randn(256, 256), torch.randn(256, 256), torch.randn(256)
+    w = _window([_op(aten.mul.Tensor, (R(0), 0.5), (3,)), _op(aten.mm.default, (R(3), R(1)), (4,)),
+                 _op(aten.add.Tensor, (R(4), R(2)), (5,)), _op(aten.gelu.default, (R(5),), (6,))],
+                {0: a, 1: b, 2: bias}, {6})
+    assert [(r.nodes, r.fused) for r in _plan(w).steps] == [((0, 1, 2, 3), True)]
+
+
+def test_unsupported_op_splits_region_but_independent_ops_still_fuse():
+    x = torch.randn(N)
+    # nonzero reads mul's result: the one-op region {0} closes (too little to fuse) and stays
+    # eager; add/exp/mul after it fuse, the last one reading nonzero's result.
+    w = _window([_op(aten.mul.Tensor, (R(0), 2.0), (1,)), _op(aten.nonzero.default, (R(1),), (2,)),
+                 _op(aten.add.Tensor, (R(1), 1.0), (3,)), _op(aten.exp.default, (R(3),), (4,)),
+                 _op(aten.mul.Tensor, (R(2), 3), (5,))],
+                {0: x}, {4, 5})
+    steps = _plan(w).steps
+    assert [(r.nodes, r.fused) for r in steps] == [((0,), False), ((1,), False),
+                                                   ((2, 3, 4), True)]
+    assert steps[1].reason == "data_dependent"
+
+
+def test_dependent_eager_op_closes_region_and_order_is_kept():
+    x = torch.randn(N)
+    w = _window([_op(aten.mul.Tensor, (R(0), 2.0), (1,)), _op(aten.add.Tensor, (R(1), 1.0), (2,)),
+                 _op(aten.nonzero.default, (R(2),), (3,)),
+                 _op(aten.mul.Tensor, (R(2), 3.0), (4,)), _op(aten.exp.default, (R(4),), (5,))],
+                {0: x}, {3, 5})
+    steps = _plan(w).steps
+    assert [(r.nodes, r.fused) for r in steps] == [((0, 1), True), ((2,), False), ((3, 4), True)]
+    assert steps[0].outputs == (2,)
+
+
+def test_convexity_every_edge_runs_forward():
+    x = torch.randn(N)
+    support = OpSupport(deny=frozenset({"aten::neg"}))  # neg plays the unsupported op
+    nodes = [_op(aten.mul.Tensor, (R(0), 2.0), (1,)), _op(aten.neg.default, (R(1),), (2,)),
+             _op(aten.add.Tensor, (R(1), R(2)), (3,)), _op(aten.neg.default, (R(0),), (4,)),
+             _op(aten.exp.default, (R(1),), (5,)), _op(aten.add.Tensor, (R(5), R(4)), (6,)),
+             _op(aten.mul.Tensor, (R(6), R(3)), (7,))]
+    w = _window(nodes, {0: x}, {7})
+    p = partition(w, storage_groups(w), support, DefaultCost())
+    dag = build_dag(w, storage_groups(w))
+    pos = {i: s for s, r in enumerate(p.steps) for i in r.nodes}
+    assert sorted(pos) == list(range(len(nodes)))
+    for a, b in dag.edges:  # steps in order: nothing leaves a region and comes back
+        assert pos[a] <= pos[b]
+    assert [r.fused for r in p.steps].count(True) >= 1
+
+
+def test_mutation_of_aliased_real_inputs_keeps_program_order():
+    p = torch.randn(N)
+    pd = p.data  # a second real input sharing p's storage
+    w_nodes = [_op(aten.mul.Tensor, (R(0), 2.0), (2,)),           # reads p
+               _op(aten.nonzero.default, (R(2),), (3,)),             # eager
+               _op(aten.add_.Tensor, (R(1), 1.0), (1,), (1,)),        # writes p.data
+               _op(aten.mul.Tensor, (R(0), 3.0), (4,))]               # reads p again
+    w = Window({0: p, 1: pd}, tuple(w_nodes),
+               {i: TensorSpec.of(p) for i in range(5)}, frozenset({3, 4}))
+    assert storage_groups(w) == {0: 0, 1: 0}
+    dag = build_dag(w, storage_groups(w))
+    assert dag.has_edge(0, 2) and dag.has_edge(2, 3)
+
+
+def test_tiny_regions_stay_eager_by_cost():
+    x = torch.randn(32)
+    w = _window([_op(aten.mul.Tensor, (R(0), 2.0), (1,)), _op(aten.add.Tensor, (R(1), 1.0), (2,))],
+                {0: x}, {2})
+    (r,) = _plan(w).steps
+    assert not r.fused and r.reason == "too_small"
+
+
+def test_keys_ignore_lifted_scalars_but_not_baked_ones():
+    x = torch.randn(N)
+
+    def win(lr, lo):
+        return _window([_op(aten.mul.Tensor, (R(0), lr), (1,)),
+                        _op(aten.clamp.default, (R(1), lo), (2,))], {0: x}, {2})
+    k1, f1 = window_key(win(0.1, 0.0), {0: 0})
+    k2, f2 = window_key(win(0.2, 0.0), {0: 0})
+    k3, _ = window_key(win(0.2, 0.5), {0: 0})
+    assert k1 == k2 and f1 == [0.1] and f2 == [0.2] and k1 != k3
+    w = win(0.1, 0.0)
+    r1 = region_key(w, (0, 1), (0,), (2,), {0: 0})
+    w2 = win(0.3, 0.0)
+    assert r1 == region_key(w2, (0, 1), (0,), (2,), {0: 0})
