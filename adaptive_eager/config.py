@@ -252,7 +252,7 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 # Variables that share the prefix but are switches, not options.
-NON_OPTION_VARIABLES = frozenset({"ADAPTIVE_EAGER_NEURON_SIM", "ADAPTIVE_EAGER_LOG"})
+NON_OPTION_VARIABLES = frozenset({"ADAPTIVE_EAGER_NEURON_SIM", "ADAPTIVE_EAGER_LOG", "ADAPTIVE_EAGER_FUEL"})
 
 
 def resolve(environ: Mapping[str, str] | None = None, **overrides: Any) -> Options:
