@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                            add_help=False)
     bench.add_argument("args", nargs=argparse.REMAINDER)
 
-    sub.add_parser("options", help="print the runtime options: names, env variables, defaults")
+    opts = sub.add_parser("options", help="print the runtime options: names, env variables, defaults")
+    opts.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
     return p
 
 
@@ -183,9 +184,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(bench_main(list(args.args)) or 0)
 
 
+def options_markdown() -> str:
+    """The options table in Markdown, as in README.md (generated from config.describe())."""
+    from .config import describe
+
+    rows = ["| option | environment variable | default | what it does |", "|---|---|---|---|"]
+    rows += [f"| `{name}` | `{env}` | `{default!r}` | {doc} |" for name, env, default, doc in describe()]
+    return "\n".join(rows)
+
+
 def cmd_options(args: argparse.Namespace) -> int:
     from .config import describe
 
+    if getattr(args, "markdown", False):
+        print(options_markdown())
+        return 0
     rows = describe()
     width = max(len(r[1]) for r in rows)
     for name, env, default, doc in rows:
