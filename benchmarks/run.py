@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inductor-cache", choices=("fresh", "shared"), default="fresh",
                    help="fresh: an empty TORCHINDUCTOR_CACHE_DIR per run, so compile costs are cold "
                         "(default); shared: the user's normal cache")
+    p.add_argument("--stat", choices=("median", "min", "p10", "mean"), default="median",
+                   help="statistic of the per-iteration times used in the table and ratios (default median; "
+                        "min or p10 resist interference from other processes on a loaded machine)")
     p.add_argument("--list", action="store_true", help="list workloads and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="show each run's stdout/stderr")
     return p
@@ -138,6 +141,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         runs.append(r)
     suite_s = time.perf_counter() - t_suite
 
+    if a.stat != "median":
+        for r in runs:
+            if r.get("status") == "ok" and r.get("metric") != "total" and r.get(f"{a.stat}_s") is not None:
+                r["time_s"], r["time_stat"] = r[f"{a.stat}_s"], a.stat
     rows = T.summarize(runs, [s.name for s in specs])
     import torch  # only for the version string; imported after the runs
     meta = {
@@ -146,16 +153,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         "python": platform.python_version(), "torch": torch.__version__,
         "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "threads": a.threads, "quick": a.quick, "seed": a.seed, "modes": a.modes,
-        "iters": a.iters, "warmup": a.warmup, "inductor_cache": a.inductor_cache,
+        "iters": a.iters, "warmup": a.warmup, "stat": a.stat, "inductor_cache": a.inductor_cache,
         "adaptive_options": a.adaptive_options, "suite_wall_s": suite_s,
         "sizes": {s.name: next((r.get("size") for r in runs if r["workload"] == s.name and r.get("size")), None)
                   for s in specs},
     }
     print(f"adaptive-eager benchmarks  (torch {torch.__version__}, {a.threads} threads"
-          f"{', QUICK sizes' if a.quick else ''}; median time per iteration ±half-IQR; "
+          f"{', QUICK sizes' if a.quick else ''}; {a.stat} time per iteration ±half-IQR/median; "
           f"suite {suite_s:.0f}s)")
     print(T.format_table(rows))
     notes = T.format_notes(rows)
+    loads = [x for r in runs for x in (r.get("loadavg_start"), r.get("loadavg_end")) if x is not None]
+    ncpu = os.cpu_count() or 1
+    if loads and max(loads) > ncpu:
+        notes = (notes + "\n" if notes else "") + (
+            f"  WARNING: 1-min load average reached {max(loads):.1f} on {ncpu} CPUs during the runs: "
+            "other processes competed for the cores, timings are inflated and noisy.")
     if notes:
         print("notes:")
         print(notes)

@@ -131,7 +131,8 @@ def format_notes(rows: Sequence[Dict[str, Any]], runs: Iterable[Dict[str, Any]] 
         for mode in MODES:
             cell = r.get(mode)
             if cell and cell.get("status") != "ok" and cell.get("message"):
-                notes.append(f"  {r['workload']} [{mode}] {cell['status']}: {cell['message']}")
+                msg = str(cell["message"]).strip().splitlines()[0]
+                notes.append(f"  {r['workload']} [{mode}] {cell['status']}: {msg}")
             if cell and cell.get("launches_per_iter") is not None:
                 notes.append(f"  {r['workload']} [{mode}] SIMULATED device: "
                              f"{cell['launches_per_iter']:.1f} launches/iter")

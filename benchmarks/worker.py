@@ -55,6 +55,13 @@ def summarize_times(times: List[float]) -> Dict[str, Any]:
     }
 
 
+def _loadavg() -> Optional[float]:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
 def _rss_mb() -> Optional[float]:
     try:
         import resource
@@ -71,6 +78,7 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
     from benchmarks.adaptive_api import AdaptiveAPI, Unavailable as ApiUnavailable, derive, diff_stats
 
     t_start = time.perf_counter()
+    load_start = _loadavg()
     import torch
     torch.set_num_threads(threads)
     t_import = time.perf_counter() - t_start
@@ -92,7 +100,7 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
         except ApiUnavailable as e:
             res.update(status="unavailable", message=str(e))
             return res
-    compile_fn = (lambda fn: torch.compile(fn)) if mode == "compile" else (lambda fn: fn)
+    compile_fn = (lambda fn, **kw: torch.compile(fn, **kw)) if mode == "compile" else (lambda fn, **kw: fn)
     ctx = W.Context(seed=seed, quick=quick, mode=mode, compile=compile_fn,
                     options=dict(workload_options or {}))
 
@@ -166,6 +174,7 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
     res["times_s"] = times
     res.update(summarize_times(times))
     res["time_s"] = res["total_s"] if wl.metric == "total" else res["median_s"]
+    res["time_stat"] = "total" if wl.metric == "total" else "median"
     if api is not None:
         res["adaptive_options"] = adaptive_options or {}
         res["stats_total"] = after
@@ -187,6 +196,7 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
     if wl.teardown:
         wl.teardown()
     res["peak_rss_mb"] = _rss_mb()
+    res["loadavg_start"], res["loadavg_end"] = load_start, _loadavg()
     return res
 
 

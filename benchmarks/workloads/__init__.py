@@ -27,7 +27,7 @@ class Context:
     quick: bool = False
     mode: str = "eager"                      # eager | adaptive | compile
     device: str = "cpu"
-    compile: Callable[[Callable], Callable] = lambda fn: fn
+    compile: Callable[..., Callable] = lambda fn, **kw: fn   # (fn, **torch.compile kwargs)
     options: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
