@@ -200,7 +200,9 @@ class LazyTensor(torch.Tensor):
         return self._ae_materialize("storage")._typed_storage()
 
     def __reduce_ex__(self, proto: Any) -> Any:
-        real = self._ae_materialize("pickle").detach()
+        real = self._ae_materialize("pickle")
+        with suspended():  # under the mode, detach() would return a handle: recursion
+            real = real.detach()
         real.requires_grad_(self.requires_grad)
         return real.__reduce_ex__(proto)
 
