@@ -172,6 +172,13 @@ class LazyTensor(torch.Tensor):
             finally:
                 cls.__name__ = saved
 
+    def __format__(self, format_spec: str) -> str:
+        # Tensor.__format__ formats a 0-dim plain tensor as its item (f"{loss:.3f}"); for
+        # a subclass it falls back to object.__format__, which rejects any format spec.
+        if self.dim() == 0:
+            return self._ae_materialize("format").__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     def numpy(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         return self._ae_materialize("numpy").numpy(*args, **kwargs)
 
