@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Mapping
 
 from .ir import TensorSpec, ValueRef, Window
-from .scalars import lift_rule, lifted_value, strip
+from .scalars import LIFT_RULES, lift_rule, lifted_value, strip
 
 # Note [Our signature is the guard]
 # A compiled artifact is called directly, with no second layer of guards (no Dynamo).
@@ -48,32 +48,65 @@ def spec_key(spec: TensorSpec) -> tuple:
 def _freeze(x: Any) -> Any:
     t = type(x)
     if t is ValueRef:
-        return x.id
+        return x.id  # ids are ints: a literal int is tagged below only if it collides
     if t is tuple:
         return tuple([_freeze(a) for a in x])
     if t is list:
         return ("L", tuple([_freeze(a) for a in x]))
-    if t is float or t is int or t is bool:
+    if t is float or t is bool:
         return (t, x)  # 1, 1.0 and True are equal in Python, not to ATen
+    if t is int:
+        return ("i", x)
     return x
+
+
+def _freeze_args(args: tuple) -> tuple:
+    """``_freeze`` for a flat argument tuple, without recursion in the common case."""
+    out = []
+    for a in args:
+        t = type(a)
+        if t is ValueRef:
+            out.append(a.id)
+        elif t is float or t is bool:
+            out.append((t, a))
+        elif t is int:
+            out.append(("i", a))
+        elif t is tuple or t is list:
+            out.append(_freeze(a))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+_NO_RULE: dict[Any, bool] = {}  # target -> True when no lift rule can apply (memo)
 
 
 def window_key(window: Window, groups: Mapping[int, int]) -> tuple[Hashable, list[float]]:
     """(structural key, lifted float values in node order) for ``window``.
 
     ``groups`` maps each real input to its storage group (``graph.storage_groups``).
+    Linear in the window; a few hundred ns per node.
     """
     specs = window.specs
     floats: list[float] = []
     parts: list[Any] = []
+    append = parts.append
+    no_rule = _NO_RULE
     for node in window.nodes:
-        rule = lift_rule(node, specs) if node.args else None
+        target = node.target
+        rule = None
+        if target not in no_rule:
+            if target in LIFT_RULES or (target, "alpha") in LIFT_RULES:
+                rule = lift_rule(node, specs) if node.args else None
+            else:
+                no_rule[target] = True
         if rule is None:
             args, kwargs = node.args, node.kwargs
         else:
             floats.append(lifted_value(node, rule))
             args, kwargs = strip(node, rule)
-        parts.append((node.target, _freeze(args), _freeze(kwargs), node.outputs, node.mutates))
+        append((target, _freeze_args(args), _freeze(kwargs) if kwargs else (), node.outputs,
+                node.mutates))
     inputs = tuple((vid, spec_key(specs[vid]), groups.get(vid, vid)) for vid in window.inputs)
     key = (inputs, tuple(parts), tuple(window.alias_root.items()), tuple(sorted(window.outputs)))
     return key, floats

@@ -60,6 +60,7 @@ from .executor import replay_guard, run_node
 from .passthrough import DeferPolicy
 
 _TIMED_CALLS = 3  # compiled calls timed against eager before keeping a region
+_COST_REASONS = frozenset({"too_small", "not_worth_it", "nothing_to_fuse"})  # not fallbacks
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class CompiledExecutor:
             for i in region.nodes:
                 run_node(window.nodes[i], env)
         self.counters.ops_eager += len(region.nodes)
-        if region.reason not in ("too_small", "not_worth_it", "nothing_to_fuse", "cost"):
+        if not region.fused and region.reason not in _COST_REASONS:
             for i in region.nodes:
                 self.counters.note_fallback(window.nodes[i].name, region.reason)
 
