@@ -140,7 +140,11 @@ class AdaptiveEagerMode(TorchDispatchMode):
         except MetaFailure as e:
             return self._on_meta_failure(func, args, kwargs, e)
         except OutputMismatch:
-            return self._sync_then_run(func, args, kwargs, "resize")
+            from .lazy import restride_all  # noqa: PLC0415 - only on this rare path
+
+            out = self._sync_then_run(func, args, kwargs, "resize")
+            restride_all((args, kwargs))  # Note [In-place metadata changes]
+            return out
         self.counters.ops_captured += 1
         if len(self.recorder) >= self.options.window_size:
             self.flush("window_full")
