@@ -56,13 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     demo = sub.add_parser("demo", help="train a small GPT eager and under adaptive eager; compare")
-    demo.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
+    demo.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
     demo.add_argument("--backend", default="inductor",
                       help="compile backend for adaptive eager (default inductor)")
     demo.add_argument("--size", default="small", choices=("tiny", "small", "medium"),
                       help="model size (default small)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    demo.add_argument("--threads", type=int, default=1,
+                      help="torch threads for both runs (default 1: stable timings on a busy "
+                           "machine; 0 keeps torch's default)")
     demo.add_argument("-o", "--option", action="append", metavar="NAME=VALUE",
                       help="any runtime option, e.g. -o window_size=128 (repeatable)")
 

@@ -181,7 +181,7 @@ def run_demo(steps: int = 40, backend: str = "inductor", size: str = "small",
     say = (lambda s: (out.write(s + "\n"), out.flush())) if out is not None else (lambda s: None)
     say(f"adaptive-eager demo: GPT-style model (vocab {vocab}, d_model {d}, {layers} layers, "
         f"{heads} heads, seq {seq_len}, batch {batch}), {steps} AdamW steps on random tokens, "
-        f"{torch.get_num_threads()} threads")
+        f"torch threads: {torch.get_num_threads()}")
     say(f"adaptive eager options: {ctx_options}")
     eager = train(steps, size, contextlib.nullcontext, "eager", out, seed)
     session.reset_stats()

@@ -67,6 +67,23 @@ ADVICE: dict[str, str] = {
     "nested_enter": "a nested block with other options: use the same options to share one window",
 }
 
+# Fallback reasons (fusion/policy.py, fusion/partition.py, runtime/compiler.py) where
+# they differ from, or are missing in, the flush reasons above.
+FALLBACK_ADVICE: dict[str, str] = {
+    "random": "random ops run eagerly (in program order, for eager's exact numbers); "
+              "nothing to change",
+    "opaque": "not an ATen op the compiler understands (a custom or Python op): it runs "
+              "eagerly; move it out of the hot loop if it splits a region",
+    "unsupported_by_backend": "the compile backend cannot run this op: try another backend "
+                              "(--backend or ADAPTIVE_EAGER_BACKEND)",
+    "aliased_inputs": "the region updates views of one tensor in place (e.g. optimizer steps, "
+                      "slices written in place); it replays eagerly, results unchanged",
+    "compile timed out after": "compiling took longer than compile_timeout_s; the region runs "
+                               "eagerly (raise ADAPTIVE_EAGER_COMPILE_TIMEOUT_S)",
+}
+_REGION_ADVICE = ("a compiled region failed, mismatched eager or lost to it, and runs eagerly "
+                  "from now on (ADAPTIVE_EAGER_LOG=debug says why); results are unchanged")
+
 # Source patterns for sites whose reason is unknown (e.g. counters from elsewhere).
 _SOURCE_HINTS: tuple[tuple[str, str], ...] = (
     (".item()", "item"), ("print(", "repr"), (".tolist()", "tolist"), (".numpy()", "numpy"),
@@ -79,9 +96,11 @@ _SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::is_nonzero", "aten::e
 _SITE = re.compile(r"^(?P<file>.*):(?P<line>\d+)(?: \((?P<func>.*)\))?$")
 
 
-def advice_for(reason: str) -> str:
-    """What to change for a flush/fallback ``reason`` (``""`` when none is known)."""
+def advice_for(reason: str, fallback: bool = False) -> str:
+    """What to change for a flush (or, with ``fallback``, a fallback) ``reason``; ``""`` if unknown."""
     key = reason.split(":", 1)[1] if reason.startswith("observe:") else reason
+    if fallback and key in FALLBACK_ADVICE:
+        return FALLBACK_ADVICE[key]
     return ADVICE.get(key.strip("_"), ADVICE.get(key, ""))
 
 
@@ -159,12 +178,15 @@ def format_sites(stats: Stats, limit: int = 10) -> list[str]:
 
 def format_fallbacks(stats: Stats, limit: int = 15) -> list[str]:
     lines = []
+    given: set[str] = set()
     rows = fallbacks(stats)
     for op, n, reasons in rows[:limit]:
         lines.append(f"  {n:>7,}  {op}  [{', '.join(reasons) or 'unknown'}]")
-        for reason in reasons[:1]:
-            if advice_for(reason):
-                lines += _wrap(advice_for(reason), "           advice: ")
+        advice = _REGION_ADVICE if op == "region" else \
+            next((a for a in (advice_for(r, fallback=True) for r in reasons) if a), "")
+        if advice and advice not in given:  # each piece of advice once
+            given.add(advice)
+            lines += _wrap(advice, "           advice: ")
     if len(rows) > limit:
         lines.append(f"  ... {len(rows) - limit} more ops")
     return lines

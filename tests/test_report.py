@@ -73,3 +73,13 @@ def test_write_report(tmp_path, capsys):
     assert err == "hello\n" and out == "to out\n"
     assert (tmp_path / "r.txt").read_text() == "file\n"
     write_report("x", str(tmp_path / "missing" / "dir" / "r.txt"))  # logged, not raised
+
+
+def test_fallback_advice_uses_fallback_meanings():
+    s = _stats(fallback_ops={"aten::bernoulli_": 2, "region": 1, "aten::mul_": 3},
+               fallback_reasons={"aten::bernoulli_": ("random",), "region": ("compile failed",),
+                                 "aten::mul_": ("aliased_inputs",)})
+    text = " ".join(format_report(s).split("Fallback ops")[1].split())  # undo wrapping
+    assert "exact numbers); nothing to change" in text   # random ops are eager on purpose
+    assert "runs eagerly from now on" in text            # a failed region
+    assert "views of one tensor" in text
