@@ -106,11 +106,24 @@ def _get(node: OpNode, where: int | str) -> Any:
     return None
 
 
+# NB: OpOverload.__hash__ is Python code; this memo is keyed by id() (a C-level int hash)
+# and keeps the target alive, so the id cannot be reused.
+_BY_ID: dict[int, tuple[Any, LiftRule | None, LiftRule | None]] = {}
+
+
+def rules_for(target: Any) -> tuple[Any, LiftRule | None, LiftRule | None]:
+    """(target, rule for its float operand, rule for a float alpha), memoized."""
+    r = _BY_ID.get(id(target))
+    if r is None:
+        r = _BY_ID[id(target)] = (target, LIFT_RULES.get(target), LIFT_RULES.get((target, "alpha")))
+    return r
+
+
 def lift_rule(node: OpNode, specs: dict[int, TensorSpec]) -> LiftRule | None:
     """The rule that lifts a float out of ``node``, or None (the float, if any, is baked)."""
-    rule = LIFT_RULES.get(node.target)
+    _, rule, alpha = rules_for(node.target)
     if rule is None or type(_get(node, rule.where)) is not float:
-        rule = LIFT_RULES.get((node.target, "alpha"))
+        rule = alpha
         if rule is None or type(_get(node, "alpha")) is not float:
             return None
     out = node.outputs[0] if node.outputs else None
@@ -149,4 +162,4 @@ def strip(node: OpNode, rule: LiftRule) -> tuple[tuple, tuple]:
     return node.args, tuple((k, LIFTED if k == rule.where else v) for k, v in node.kwargs)
 
 
-__all__ = ["LiftRule", "LIFT_RULES", "lift_rule", "lifted_value", "scalar_dtype", "LIFTED", "strip"]
+__all__ = ["LiftRule", "LIFT_RULES", "rules_for", "lift_rule", "lifted_value", "scalar_dtype", "LIFTED", "strip"]

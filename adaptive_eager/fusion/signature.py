@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Mapping
 
 from .ir import TensorSpec, ValueRef, Window
-from .scalars import LIFT_RULES, lift_rule, lifted_value, strip
+from .scalars import _BY_ID, lift_rule, lifted_value, rules_for, strip
 
 # Note [Our signature is the guard]
 # A compiled artifact is called directly, with no second layer of guards (no Dynamo).
@@ -78,9 +78,6 @@ def _freeze_args(args: tuple) -> tuple:
     return tuple(out)
 
 
-_NO_RULE: dict[Any, bool] = {}  # target -> True when no lift rule can apply (memo)
-
-
 def window_key(window: Window, groups: Mapping[int, int]) -> tuple[Hashable, list[float]]:
     """(structural key, lifted float values in node order) for ``window``.
 
@@ -91,15 +88,15 @@ def window_key(window: Window, groups: Mapping[int, int]) -> tuple[Hashable, lis
     floats: list[float] = []
     parts: list[Any] = []
     append = parts.append
-    no_rule = _NO_RULE
+    memo = _BY_ID
     for node in window.nodes:
         target = node.target
         rule = None
-        if target not in no_rule:
-            if target in LIFT_RULES or (target, "alpha") in LIFT_RULES:
-                rule = lift_rule(node, specs) if node.args else None
-            else:
-                no_rule[target] = True
+        r = memo.get(id(target))
+        if r is None:
+            r = rules_for(target)
+        if (r[1] is not None or r[2] is not None) and node.args:
+            rule = lift_rule(node, specs)
         if rule is None:
             args, kwargs = node.args, node.kwargs
         else:
