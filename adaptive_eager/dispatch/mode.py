@@ -377,9 +377,10 @@ class ObserveMode(TorchFunctionMode):
                 # so everything pending runs first.
                 targets = _tensors(args, kwargs) if name in _COPYING_OBSERVERS else None
                 self.mode.flush(f"observe:{name.strip('_')}", user_source(2), targets=targets)
-            if name in ("__repr__", "__format__"):
-                with suspended():
-                    return func(*args, **kwargs)
+            # The read itself runs ops (numpy() and storage() detach, repr formats):
+            # on real tensors, for real, or it would read a handle's empty storage.
+            with suspended():
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
 
 
