@@ -36,6 +36,9 @@ class Owner(Protocol):
     def materialize(self, handle: "LazyTensor", reason: str) -> torch.Tensor:
         ...
 
+    def flush(self, reason: str) -> None:
+        ...
+
 
 # Note [Suspending capture]
 # Formatting a tensor (repr) runs ops on it. Those must run for real, not be
@@ -154,6 +157,24 @@ class LazyTensor(torch.Tensor):
             restride_all((args, kwargs))  # Note [In-place metadata changes]
         return out
 
+    # Note [Reading a bound handle]
+    # A bound handle's real tensor can still be written by the open window (``h.add_(1)``
+    # after ``h`` was bound records an in-place update of the real tensor). A Python-level
+    # read of its data (numpy, storage, data_ptr, repr ...) must see that update, as
+    # eager would, so it asks the owner to flush what touches the tensor first. What
+    # exposes memory (numpy, storage, data_ptr, dlpack) can be written or freed through
+    # (FSDP frees storage with ``untyped_storage().resize_(0)``): everything pending
+    # runs first, as ObserveMode does for plain tensors.
+    def _ae_read(self, reason: str, exposes: bool = False) -> torch.Tensor:
+        """The real tensor for a Python-level read of its data (pending writes applied)."""
+        owner = self._ae_owner
+        if owner is not None:
+            if exposes:
+                owner.flush(reason)
+            elif self._ae_real is not None:
+                return owner.materialize(self, reason)
+        return self._ae_materialize(reason)
+
     # -- Python-level reads: always of the real tensor -------------------------------
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         # Note [Printing like eager]
@@ -162,7 +183,7 @@ class LazyTensor(torch.Tensor):
         # itself (ops on it run for real while suspended) keeps grad_fn; naming the
         # class "tensor" for the duration makes the prefix, and so the indentation of
         # every line, exactly eager's.
-        self._ae_materialize("repr")
+        self._ae_read("repr")
         with _REPR_LOCK, suspended():
             cls = type(self)
             saved = cls.__name__
@@ -176,45 +197,45 @@ class LazyTensor(torch.Tensor):
         # Tensor.__format__ formats a 0-dim plain tensor as its item (f"{loss:.3f}"); for
         # a subclass it falls back to object.__format__, which rejects any format spec.
         if self.dim() == 0:
-            return self._ae_materialize("format").__format__(format_spec)
+            return self._ae_read("format").__format__(format_spec)
         return object.__format__(self, format_spec)
 
     def numpy(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self._ae_materialize("numpy").numpy(*args, **kwargs)
+        return self._ae_read("numpy", exposes=True).numpy(*args, **kwargs)
 
     def tolist(self) -> Any:  # type: ignore[override]
-        return self._ae_materialize("tolist").tolist()
+        return self._ae_read("tolist").tolist()
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._ae_materialize("numpy").__array__(*args, **kwargs)
+        return self._ae_read("numpy", exposes=True).__array__(*args, **kwargs)
 
     def data_ptr(self) -> int:  # type: ignore[override]
-        return self._ae_materialize("data_ptr").data_ptr()
+        return self._ae_read("data_ptr", exposes=True).data_ptr()
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self._ae_materialize("dlpack").__dlpack__(*args, **kwargs)
+        return self._ae_read("dlpack", exposes=True).__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self) -> Any:  # type: ignore[override]
         return self._ae_materialize("dlpack").__dlpack_device__()
 
     def untyped_storage(self) -> Any:  # type: ignore[override]
-        return self._ae_materialize("storage").untyped_storage()
+        return self._ae_read("storage", exposes=True).untyped_storage()
 
     def storage(self) -> Any:  # type: ignore[override]
-        return self._ae_materialize("storage").storage()
+        return self._ae_read("storage", exposes=True).storage()
 
     def _typed_storage(self) -> Any:
-        return self._ae_materialize("storage")._typed_storage()
+        return self._ae_read("storage", exposes=True)._typed_storage()
 
     def __reduce_ex__(self, proto: Any) -> Any:
-        real = self._ae_materialize("pickle")
+        real = self._ae_read("pickle")
         with suspended():  # under the mode, detach() would return a handle: recursion
             real = real.detach()
         real.requires_grad_(self.requires_grad)
         return real.__reduce_ex__(proto)
 
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
-        real = self._ae_materialize("deepcopy")
+        real = self._ae_read("deepcopy")
         with suspended():
             out = real.detach().clone()
         out.requires_grad_(self.requires_grad and self.is_leaf)
