@@ -117,9 +117,10 @@ def meta_execute(
     except Exception as e:  # noqa: BLE001 - reported by the caller
         raise MetaFailure(e) from e
     for t in (out,) if isinstance(out, torch.Tensor) else (out or ()):
-        if isinstance(t, torch.Tensor) and (t.layout != torch.strided or t.is_conj() or t.is_neg()):
-            raise Uncapturable(RuntimeError(f"{func} returns a {t.layout} tensor "
-                                            f"(conj={t.is_conj()}, neg={t.is_neg()})"))
+        if isinstance(t, torch.Tensor) and (t.layout != torch.strided or t.is_conj() or t.is_neg()
+                                            or t._is_zerotensor()):
+            raise Uncapturable(RuntimeError(f"{func} returns a {t.layout} tensor (conj={t.is_conj()}, "
+                                            f"neg={t.is_neg()}, zero={t._is_zerotensor()})"))
     if out is None:
         return MetaResult((), "none")
     if isinstance(out, torch.Tensor):

@@ -95,7 +95,7 @@ class Recorder:
     def _input_vid(self, t: torch.Tensor) -> int:
         vid = self._input_ids.get(id(t))
         if vid is None:
-            if t.layout != torch.strided or t.is_conj() or t.is_neg():
+            if t.layout != torch.strided or t.is_conj() or t.is_neg() or t._is_zerotensor():
                 # A spec cannot describe it (no strides; no conj/neg bit): run for real.
                 raise Uncapturable(RuntimeError(f"input of layout {t.layout}, conj={t.is_conj()}"))
             spec = TensorSpec.of(t)
