@@ -81,13 +81,34 @@ def _enable_from_env(_torch: Any) -> None:
             _log().warning("adaptive_eager: emulated neuron device not enabled: %s: %s",
                            type(e).__name__, e)
     if os.environ.get(ENV_VAR, "").strip().lower() in _ON:
-        try:
-            from .session import enable
+        _after_package_imports(_enable_now)
 
-            enable()
-        except Exception as e:  # ConfigError from a bad ADAPTIVE_EAGER_* value, typically
-            _log().warning("adaptive_eager: %s=1 ignored, running plain eager: %s: %s",
-                           ENV_VAR, type(e).__name__, e)
+
+def _enable_now() -> None:
+    try:
+        from .session import enable
+
+        enable()
+    except Exception as e:  # ConfigError from a bad ADAPTIVE_EAGER_* value, typically
+        _log().warning("adaptive_eager: %s=1 ignored, running plain eager: %s: %s",
+                       ENV_VAR, type(e).__name__, e)
+
+
+def _after_package_imports(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once no module of this package is half-imported.
+
+    When the program's own ``from adaptive_eager import ...`` is what imported torch,
+    that module (e.g. ``adaptive_eager.session``) is still executing when torch
+    finishes; enabling must wait for it, or it would import a half-made module.
+    """
+    package = __name__.split(".")[0]
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] != package:
+            continue
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            when_imported(name, lambda _m: _after_package_imports(callback))
+            return
+    callback()
 
 
 def _attach_to_torch_neuronx(module: Any) -> None:

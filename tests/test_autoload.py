@@ -187,3 +187,27 @@ def test_torch_neuronx_own_attribute_is_kept(tmp_path):
     assert r.returncode == 0, r.stderr
     out = _lines(r.stdout)
     assert out["attached"] == "False" and out["value"] == "theirs"
+
+
+def test_enables_when_adaptive_eager_itself_imports_torch(tmp_path):
+    # The program's own import of adaptive_eager triggers `import torch`: enabling must
+    # wait until adaptive_eager.session has finished importing.
+    script = ("from adaptive_eager import adaptive_eager, stats\nimport torch\n"
+              "print('main', type(torch.ones(2) * 2).__name__)\n")
+    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager"}, script)
+    assert r.returncode == 0, r.stderr
+    assert _lines(r.stdout)["main"] == "LazyTensor"
+    assert "ignored" not in r.stderr
+
+
+def test_neuron_sim_from_env(tmp_path):
+    sim = pytest.importorskip("adaptive_eager.neuron_sim")
+    if not hasattr(sim, "maybe_enable_from_env"):
+        pytest.skip("neuron_sim has no maybe_enable_from_env()")
+    script = ("import torch\nx = torch.ones(2, device='neuron') * 2\n"
+              "print('main', type(x).__name__, x.device.type, x.cpu().tolist())\n")
+    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager",
+                              "ADAPTIVE_EAGER_DEVICE": "neuron", "ADAPTIVE_EAGER_NEURON_SIM": "1"},
+                   script)
+    assert r.returncode == 0, r.stderr
+    assert _lines(r.stdout)["main"] == "LazyTensor neuron [2.0, 2.0]"
