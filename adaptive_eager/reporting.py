@@ -1,6 +1,6 @@
 """The report: statistics as a readable table, with what to change in the program.
 
-:func:`format_report` turns a :class:`~adaptive_eager.stats.Stats` into text: the
+:func:`format_report` turns a :class:`~adaptive_eager.statistics.Stats` into text: the
 headline counters, flushes by reason, the source lines that forced the most syncs
 (each with its code and advice) and the ops that fell back to eager (with why).
 ``adaptive_eager.report()`` formats the current statistics; ``ADAPTIVE_EAGER_REPORT``
@@ -8,7 +8,7 @@ headline counters, flushes by reason, the source lines that forced the most sync
 
 Example::
 
-    >>> from adaptive_eager.stats import Stats
+    >>> from adaptive_eager.statistics import Stats
     >>> text = format_report(Stats(ops_captured=10, flushes={"item": 10},
     ...     sync_sites={"train.py:12 (main)": 10},
     ...     sync_site_reasons={"train.py:12 (main)": {"item": 10}}))
