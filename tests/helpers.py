@@ -1,0 +1,98 @@
+"""Shared helpers for the differential tests: run code eagerly and under the mode,
+compare values and gradients.
+
+Example::
+
+    >>> import torch
+    >>> a, b = run_both(lambda x: x * 2, torch.ones(2))
+    >>> assert_same(a, b)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+import adaptive_eager as ae
+
+BACKEND = "eager"
+
+
+def clone_tree(obj: Any) -> Any:
+    """Deep copy of every tensor in ``obj`` (same values, dtype, strides when dense;
+    requires_grad kept, so leaves stay leaves)."""
+    def c(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            # clone() keeps the strides of a non-overlapping, dense tensor (preserve_format)
+            return t.detach().clone().requires_grad_(t.requires_grad)
+        return t
+    return pytree.tree_map(c, obj)
+
+
+def assert_same(expected: Any, actual: Any, *, strides: bool = False, exact: bool = False,
+                rtol: float | None = None, atol: float | None = None) -> None:
+    """Compare two (nested) results: tensors by value (NaNs equal), dtype and shape,
+    optionally strides; other leaves with ==."""
+    fe, se = pytree.tree_flatten(expected)
+    fa, sa = pytree.tree_flatten(actual)
+    assert len(fe) == len(fa), f"structure differs: {se} vs {sa}"
+    for e, a in zip(fe, fa):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor), f"expected a tensor, got {type(a)}"
+            if e.layout != torch.strided:
+                e, a = e.to_dense(), a.to_dense()
+            if exact:
+                torch.testing.assert_close(a, e, equal_nan=True, rtol=0, atol=0)
+            else:
+                torch.testing.assert_close(a, e, equal_nan=True, rtol=rtol, atol=atol)
+            assert a.requires_grad == e.requires_grad, "requires_grad differs"
+            if strides and e.numel() > 1:
+                assert a.stride() == e.stride(), f"strides differ: {e.stride()} vs {a.stride()}"
+        elif isinstance(e, np.ndarray):
+            np.testing.assert_array_equal(a, e)
+        elif isinstance(e, float) and e != e:
+            assert a != a, f"expected nan, got {a!r}"
+        else:
+            assert e == a, f"expected {e!r}, got {a!r}"
+
+
+def run_both(fn: Callable[..., Any], *args: Any, seed: int = 0, **options: Any) -> tuple[Any, Any]:
+    """``fn(*args)`` eagerly and under adaptive eager, each on its own copy of ``args``
+    and with the same seed. Exceptions are returned, not raised."""
+    options.setdefault("backend", BACKEND)
+    a1, a2 = clone_tree(args), clone_tree(args)
+    torch.manual_seed(seed)
+    try:
+        expected = fn(*a1)
+    except Exception as e:  # noqa: BLE001 - compared by the caller
+        expected = e
+    torch.manual_seed(seed)
+    with ae.adaptive_eager(**options):
+        try:
+            actual = fn(*a2)
+        except Exception as e:  # noqa: BLE001
+            actual = e
+    return (expected, a1), (actual, a2)
+
+
+def grads_of(outputs: Any, inputs: Any, seed: int = 1) -> tuple:
+    """Gradients of ``outputs`` (every tensor that requires grad) with respect to the
+    tensors in ``inputs`` that require grad, for fixed random output cotangents."""
+    outs = [o for o in pytree.tree_leaves(outputs) if isinstance(o, torch.Tensor) and o.requires_grad]
+    leaves = [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not outs or not leaves:
+        return ()
+    gen = torch.Generator().manual_seed(seed)
+    cot = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
+    return torch.autograd.grad(outs, leaves, cot, allow_unused=True)
+
+
+def assert_same_exception(expected: BaseException, actual: Any) -> None:
+    assert isinstance(actual, BaseException), f"eager raised {expected!r}, the mode returned {actual!r}"
+    assert type(actual) is type(expected), f"eager raised {expected!r}, the mode raised {actual!r}"
+
+
+__all__ = ["clone_tree", "assert_same", "run_both", "grads_of", "assert_same_exception", "BACKEND"]
