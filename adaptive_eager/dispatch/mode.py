@@ -166,7 +166,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
             func(*_to_meta(args), **_to_meta(kwargs))
 
     def _on_sync(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
-        if traits.reason in ("data_dependent", "no_meta_kernel", "metadata_mutation"):
+        # Reading a scalar (.item(), bool()) is a sync, not an op that failed to fuse.
+        if traits.reason in ("data_dependent", "no_meta_kernel", "metadata_mutation") and \
+                func._schema.name not in _SYNC_REASONS:
             self.counters.note_fallback(func.name(), traits.reason)
         from .lazy import restride_all  # noqa: PLC0415 - only on this rare path
 

@@ -20,12 +20,16 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _SKIP = (_PKG_DIR + os.sep, _TORCH_DIR + os.sep, "<frozen ", os.path.dirname(os.__file__) + os.sep + "contextlib.py")
 
 
+# Modules of this package that are user programs (the demo trains a model like a user would).
+_USER_CODE = (os.path.join(_PKG_DIR, "demo.py"),)
+
+
 def user_source(depth: int = 1) -> str:
     """``"file:line (function)"`` of the innermost frame that is the user's code."""
     f = sys._getframe(depth)
     while f is not None:
         fname = f.f_code.co_filename
-        if not fname.startswith(_SKIP):
+        if not fname.startswith(_SKIP) or fname in _USER_CODE:
             return f"{fname}:{f.f_lineno} ({f.f_code.co_name})"
         f = f.f_back
     return "<unknown>"
