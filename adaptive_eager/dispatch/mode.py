@@ -88,6 +88,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self.device_type = options.device
         self.table = table if table is not None else OpTable()
         self._traits = self.table._traits  # read-only fast path; OpTable fills it
+        self._should_defer = getattr(executor, "should_defer", None)
         self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size)
         self.lock = threading.RLock()
         self.recorder = Recorder(torch.device(options.device), self.memo, owner=self)
@@ -129,6 +130,11 @@ class AdaptiveEagerMode(TorchDispatchMode):
 
     # -- handlers -------------------------------------------------------------------
     def _on_record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
+        if not self.recorder.nodes and self._should_defer is not None and not self._should_defer():
+            # The policy found nothing worth compiling lately: run straight through
+            # (probing again now and then; runtime.passthrough).
+            self.counters.ops_passthrough += 1
+            return self._run_real(func, args, kwargs)
         if kwargs and kwargs.get("device") is not None and \
                 torch.device(kwargs["device"]).type != self.device_type:
             return self._sync_then_run(func, args, kwargs, "transfer")

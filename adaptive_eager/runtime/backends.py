@@ -83,6 +83,51 @@ _REGISTRY: dict[str, tuple[CompileFn, OpSupport, bool]] = {
 }
 
 
+def _cpu_data_device(device_type: str) -> bool:
+    """Whether ``device_type`` is the emulated neuron device (data in CPU memory)."""
+    if device_type != "neuron":
+        return False
+    try:
+        from .. import neuron_sim
+    except ImportError:  # pragma: no cover - the subpackage ships with the project
+        return False
+    return neuron_sim.is_enabled()
+
+
+# Note [Compiling for the emulated neuron device]
+# The emulated neuron device keeps its data in CPU memory and runs CPU kernels, so a
+# region on it compiles with the CPU backend on zero-copy CPU views of its tensors:
+# factory ops in the graph are retargeted to cpu, inputs are viewed as CPU tensors
+# (in-place writes land in neuron memory), outputs are viewed back as neuron tensors,
+# and the whole call counts as one kernel launch (neuron_sim.single_launch). On a real
+# Trainium host (torch_neuronx) the "neuron" backend compiles the graph itself.
+def for_device(compile_fn: CompileFn, device_type: str) -> CompileFn:
+    """``compile_fn`` adapted to the device the window runs on (see the Note above)."""
+    if compile_fn is _neuron or not _cpu_data_device(device_type):
+        return compile_fn
+    from .. import neuron_sim
+
+    def to_cpu(t: Any) -> Any:
+        return neuron_sim.to_cpu_view(t) if isinstance(t, torch.Tensor) and t.device.type == "neuron" else t
+
+    def compile_on_cpu(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        for node in gm.graph.nodes:
+            dev = node.kwargs.get("device") if node.op == "call_function" else None
+            if dev is not None and torch.device(dev).type == "neuron":
+                node.kwargs = {**node.kwargs, "device": torch.device("cpu")}
+        gm.recompile()
+        compiled = compile_fn(gm, [to_cpu(t) for t in example_inputs])
+
+        def call(*args: Any) -> Any:
+            with neuron_sim.single_launch():
+                outs = compiled(*[to_cpu(a) for a in args])
+            return [neuron_sim.from_cpu(o) if isinstance(o, torch.Tensor) else o for o in outs]
+
+        return call
+
+    return compile_on_cpu
+
+
 def register_backend(name: str, compile_fn: CompileFn, support: OpSupport | None = None,
                      debugging: bool = False) -> None:
     """Add (or replace) a named backend."""
@@ -110,5 +155,5 @@ def is_debugging(spec: str | CompileFn) -> bool:
     return bool(entry and entry[2])
 
 
-__all__ = ["CompileFn", "BackendUnavailable", "register_backend", "get_backend",
+__all__ = ["CompileFn", "BackendUnavailable", "register_backend", "get_backend", "for_device",
            "backend_support", "is_debugging"]

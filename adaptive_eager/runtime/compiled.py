@@ -51,7 +51,7 @@ from ..fusion.partition import Partition, Region, partition
 from ..fusion.policy import DefaultCost, SupportPolicy
 from ..fusion.scalars import lift_rule, scalar_dtype
 from ..fusion.signature import window_key
-from .backends import get_backend, is_debugging, backend_support
+from .backends import backend_support, for_device, get_backend, is_debugging
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
 from .checks import clone_strided, outputs_match
 from .compiler import CompileService
@@ -94,7 +94,7 @@ class CompiledExecutor:
         self.cost = cost or DefaultCost(min_work=options.min_region_work)
         self.cache = RegionCache(options.cache_size, counters)
         self.plans: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
-        self.compiler = CompileService(get_backend(options.backend), counters,
+        self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
         self.defer = DeferPolicy(options.adaptive_passthrough)
