@@ -22,7 +22,9 @@ def adamw_one(p, g, m, v, decay: float, step_size: float, bc2_sqrt: float,
     m.lerp_(g, 1 - beta1)
     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
     denom = (v.sqrt() / bc2_sqrt).add_(eps)
-    p.addcdiv_(m, denom, value=-step_size)
+    # not addcdiv_(..., value=-step_size): a Scalar kwarg makes dynamo specialize on
+    # the float (a recompile every step); a float multiplying a tensor does not
+    p.sub_(m / denom * step_size)
 
 
 def adamw_update(one, params, grads, exp_avgs, exp_avg_sqs, lr: float, bc1: float, bc2: float,
