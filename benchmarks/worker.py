@@ -156,7 +156,7 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
             err = api.reset_stats()
             if err:
                 res.setdefault("warnings", []).append(err)
-            with api.context(**(adaptive_options or {})):
+            with api.context(**{**wl.adaptive_defaults, **(adaptive_options or {})}):
                 warm_times, extra_warm, times, before, after = body()
                 api.sync()
         else:

@@ -40,6 +40,7 @@ from .source import user_source
 
 log = logging.getLogger("adaptive_eager")
 aten = torch.ops.aten
+_PLAIN_DISPATCH = torch._C._disabled_torch_dispatch_impl
 _RUN_NOW_VIEWS = {aten.lift_fresh.default}
 _NATIVE_DROPOUT = aten.native_dropout.default
 _TO_COPY = aten._to_copy.default
@@ -112,7 +113,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         for t in types:
-            if t is not LazyTensor:
+            # Foreign subclasses decide for themselves; plain tensors that carry the
+            # Python key (types lists them as torch.Tensor/Parameter) are ours to handle.
+            if t is not LazyTensor and t.__torch_dispatch__ is not _PLAIN_DISPATCH:
                 return NotImplemented
         if getattr(_LAZY_TLS, "suspended", 0):
             return self._run_real(func, args, kwargs)

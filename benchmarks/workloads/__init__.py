@@ -43,6 +43,9 @@ class Workload:
     extra: Callable[[], Dict[str, Any]] = None  # returns extra per-run fields for the JSON
     on_timed_start: Callable[[], None] = None
     teardown: Callable[[], None] = None
+    # Options the adaptive mode needs for this workload (e.g. the device it runs on);
+    # --adaptive-options override them.
+    adaptive_defaults: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

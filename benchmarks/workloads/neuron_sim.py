@@ -70,5 +70,6 @@ def build(ctx: Context) -> Workload:
                 "launches_per_iter": launches / steps[0] if steps[0] else None}
 
     return Workload(step=step, on_timed_start=on_timed_start, extra=extra,
+                    adaptive_defaults={"device": dev},
                     size=f"SIMULATED device 'neuron', launch latency {latency:g} us; "
                          f"MLP batch={batch} hidden={hidden} depth={depth}, forward no_grad")
