@@ -231,13 +231,8 @@ def test_dropped_tensors_are_released_over_1000_iterations():
     assert isinstance(loss, LazyTensor)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "BUG: once the pass-through policy stops deferral (adaptive_passthrough, default on), "
-    "a training step fails in loss.backward()/matmul with TypeError: Multiple dispatch "
-    "failed for 'torch.ops.aten.detach'; all __torch_dispatch__ handlers returned "
-    "NotImplemented (mode AdaptiveEagerMode, tensor subclass torch.Tensor): the router "
-    "returns NotImplemented for types=(torch.Tensor,) on a plain leaf tensor"))
 def test_training_loop_survives_passthrough():
+    """Regression: detach of a plain tensor carrying the Python key (fixed in 5806ccd)."""
     w = torch.randn(16, 16, requires_grad=True)
     with ae.adaptive_eager(backend="eager", window_size=64):
         for _ in range(60):
