@@ -19,6 +19,14 @@ from torch.utils import _pytree as pytree
 import adaptive_eager as ae
 
 BACKEND = "eager"
+# Capture always: the pass-through policy would stop deferring when nothing pays,
+# and these tests are about what deferral does.
+OPTIONS = {"backend": BACKEND, "adaptive_passthrough": False}
+
+
+def mode(**options: Any) -> ae.adaptive_eager:
+    """``adaptive_eager`` with the test options (always capture, eager backend)."""
+    return ae.adaptive_eager(**{**OPTIONS, **options})
 
 
 def clone_tree(obj: Any) -> Any:
@@ -62,7 +70,6 @@ def assert_same(expected: Any, actual: Any, *, strides: bool = False, exact: boo
 def run_both(fn: Callable[..., Any], *args: Any, seed: int = 0, **options: Any) -> tuple[Any, Any]:
     """``fn(*args)`` eagerly and under adaptive eager, each on its own copy of ``args``
     and with the same seed. Exceptions are returned, not raised."""
-    options.setdefault("backend", BACKEND)
     a1, a2 = clone_tree(args), clone_tree(args)
     torch.manual_seed(seed)
     try:
@@ -70,7 +77,7 @@ def run_both(fn: Callable[..., Any], *args: Any, seed: int = 0, **options: Any) 
     except Exception as e:  # noqa: BLE001 - compared by the caller
         expected = e
     torch.manual_seed(seed)
-    with ae.adaptive_eager(**options):
+    with mode(**options):
         try:
             actual = fn(*a2)
         except Exception as e:  # noqa: BLE001
@@ -95,4 +102,5 @@ def assert_same_exception(expected: BaseException, actual: Any) -> None:
     assert type(actual) is type(expected), f"eager raised {expected!r}, the mode raised {actual!r}"
 
 
-__all__ = ["clone_tree", "assert_same", "run_both", "grads_of", "assert_same_exception", "BACKEND"]
+__all__ = ["clone_tree", "assert_same", "run_both", "grads_of", "assert_same_exception", "BACKEND",
+           "OPTIONS", "mode"]

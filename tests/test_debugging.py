@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import adaptive_eager as ae
 from adaptive_eager.dispatch import LazyTensor
 
-from helpers import BACKEND
+from helpers import mode
 
 CASES = {
     "float": lambda: torch.arange(6.).reshape(2, 3) * 1.5,
@@ -48,7 +48,7 @@ def test_print_and_repr_match_eager(name, capsys):
     print(expected)
     exp_print = capsys.readouterr().out
     torch.manual_seed(0)
-    with ae.adaptive_eager(backend=BACKEND):
+    with mode():
         got = make()
         if name not in ("leaf_requires_grad", "nested_list", "complex"):
             assert isinstance(got, LazyTensor)
@@ -60,7 +60,7 @@ def test_print_and_repr_match_eager(name, capsys):
 
 
 def test_repr_of_unbound_handle_flushes_and_binds():
-    with ae.adaptive_eager(backend=BACKEND):
+    with mode():
         y = torch.ones(2) * 2
         assert y._ae_real is None
         repr(y)
@@ -83,7 +83,7 @@ SCRIPT = textwrap.dedent("""
     print("=== eager", flush=True)
     program()
     print("=== adaptive eager", flush=True)
-    with ae.adaptive_eager(backend="eager"):
+    with ae.adaptive_eager(backend="eager", adaptive_passthrough=False):
         program()
     print("=== done", flush=True)
 """)

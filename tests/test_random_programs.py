@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import adaptive_eager as ae
 from adaptive_eager import session
 
-from helpers import BACKEND, assert_same
+from helpers import assert_same, mode
 
 IDX = torch.tensor([2, 0, 1])
 COLS = torch.tensor([[1, 0, 3, 2], [0, 0, 1, 1], [3, 2, 1, 0]])
@@ -130,7 +130,7 @@ def test_random_program_matches_eager(steps, seed, window_size):
 
     v1, v2, vbuf = _leaves(seed)
     obs_a: list = []
-    with ae.adaptive_eager(backend=BACKEND, window_size=window_size):
+    with mode(window_size=window_size):
         pool_a = run_program(steps, v1, v2, vbuf, obs_a)
 
     assert session.counters().ops_captured > 0
@@ -147,7 +147,7 @@ def test_every_op_once():
         w1, w2, buf = _leaves(0)
         pool_e = run_program(steps, w1, w2, buf, [])
         v1, v2, vbuf = _leaves(0)
-        with ae.adaptive_eager(backend=BACKEND):
+        with mode():
             pool_a = run_program(steps, v1, v2, vbuf, [])
         assert_same([p.detach() for p in pool_e], [p.detach() for p in pool_a]), name
         assert_same((w1.grad, w2.grad), (v1.grad, v2.grad)), name

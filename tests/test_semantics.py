@@ -20,12 +20,7 @@ import adaptive_eager as ae
 from adaptive_eager import session
 from adaptive_eager.dispatch import LazyTensor
 
-from helpers import BACKEND, assert_same, run_both
-
-
-def mode(**kw):
-    kw.setdefault("backend", BACKEND)
-    return ae.adaptive_eager(**kw)
+from helpers import BACKEND, OPTIONS, assert_same, mode, run_both
 
 
 def n_flushes() -> int:
@@ -411,14 +406,14 @@ def test_nested_blocks_and_reentry():
 
 
 def test_decorator_form():
-    @ae.adaptive_eager(backend=BACKEND)
+    @ae.adaptive_eager(**OPTIONS)
     def f(x):
         return (x + 1) * 2
     assert f(torch.zeros(2)).tolist() == [2.0, 2.0]
 
 
 def test_cpu_ops_pass_through_when_device_is_not_cpu():
-    with ae.adaptive_eager(backend=BACKEND, device="meta"):
+    with mode(device="meta"):
         y = torch.ones(3) * 2 + 1
         assert type(y) is torch.Tensor
         m = torch.ones(3, device="meta") * 2

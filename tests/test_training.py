@@ -17,7 +17,7 @@ import adaptive_eager as ae
 from adaptive_eager import session
 from adaptive_eager.dispatch import LazyTensor
 
-from helpers import BACKEND, assert_same
+from helpers import assert_same, mode
 
 STEPS = 5
 
@@ -141,7 +141,7 @@ def test_training_matches_eager(kind, optim):
     torch.manual_seed(42)
     losses_e = train(m_e, opt_e, x, y, masks=masks_e)
     torch.manual_seed(42)
-    with ae.adaptive_eager(backend=BACKEND):
+    with mode():
         losses_a = train(m_a, opt_a, x, y, masks=masks_a)
 
     assert session.counters().ops_captured > 0
@@ -169,7 +169,7 @@ def test_block_entered_every_step():
     torch.manual_seed(3)
     losses_e = train(m_e, opt_e, x, y)
     torch.manual_seed(3)
-    losses_a = train(m_a, opt_a, x, y, block_per_step=lambda: ae.adaptive_eager(backend=BACKEND))
+    losses_a = train(m_a, opt_a, x, y, block_per_step=lambda: mode())
     torch.testing.assert_close(losses_a, losses_e)
     for pe, pa in zip(m_e.parameters(), m_a.parameters()):
         torch.testing.assert_close(pa, pe)
@@ -182,7 +182,7 @@ def test_parameters_seen_in_place_after_deferred_step(capsys):
     x = torch.ones(4, 3)
     for m, use_mode in ((ref, False), (lin, True)):
         opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        ctx = ae.adaptive_eager(backend=BACKEND) if use_mode else _null()
+        ctx = mode() if use_mode else _null()
         with ctx:
             m(x).pow(2).sum().backward()
             opt.step()
@@ -211,7 +211,7 @@ def test_foreach_ops():
     pe, ge = make()
     exp = program(pe, ge)
     pa, ga = make()
-    with ae.adaptive_eager(backend=BACKEND):
+    with mode():
         gl = [g * 1 for g in ga]  # lazy gradients, real parameters
         got = program(pa, gl)
     assert_same(exp, got)
