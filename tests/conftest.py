@@ -1,4 +1,5 @@
-"""Shared fixtures: every test starts with fresh statistics and no leftover mode."""
+"""Shared fixtures: every test starts with fresh statistics, fresh sessions (no compiled
+regions or pass-through decisions carried over from another test) and no leftover mode."""
 
 import os
 
@@ -12,6 +13,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 def _fresh_state():
     from adaptive_eager import session
 
+    session.clear_sessions()
     session.counters().reset()
     torch.manual_seed(0)
     yield

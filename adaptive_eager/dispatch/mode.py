@@ -102,13 +102,6 @@ class AdaptiveEagerMode(TorchDispatchMode):
             Kind.RANDOM: self._on_random,
         }
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # TorchDispatchMode wraps a subclass's __torch_dispatch__ in
-        # torch._disable_dynamo, which costs several µs per op. Dynamo never traces
-        # this mode's handler (compiled code runs below it), so skip the wrapper.
-        return False
-
     # -- routing --------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -272,9 +265,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
     def flush(self, reason: str, source: str | None = None, targets: Any = None) -> None:
         """Run the open window and bind its live handles. No-op when empty.
 
-        ``targets``: tensors the caller is about to read (and not write). When given,
-        only the nodes they need run, if that is safe (Note [Partial flush]); tensors
-        the window does not touch need nothing.
+        ``targets``: tensors the caller is about to read (and not write). When they
+        are scalars needing a few nodes, only those run (Note [Partial flush]).
         """
         with self.lock:
             rec = self.recorder
@@ -285,9 +277,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
             sliced = None
             if targets is not None:
                 vids = [v for v in (rec.vid_of(t) for t in targets) if v is not None]
-                if not vids:
-                    return
-                sliced = rec.take_slice(vids, reason, source)
+                if vids:
+                    sliced = rec.take_slice(vids, reason, source)
             if sliced is not None:
                 window, live = sliced
             else:

@@ -34,6 +34,10 @@ from .optable import OpTraits, derive_traits
 _TensorBase = torch._C.TensorBase  # isinstance against the C base is fast
 
 
+# Slices longer than this flush everything instead (Note [Partial flush]).
+_MAX_SLICE = 8
+
+
 def _storage_id(t: torch.Tensor) -> int | None:
     try:
         return torch._C._storage_id(t)
@@ -299,8 +303,10 @@ class Recorder:
         The returned Window's outputs are the values that later nodes or live handles
         still use; once it has run, :meth:`adopt` turns them into inputs of the open window.
         """
+        if any(self.specs[v].shape for v in targets):
+            return None  # only scalar reads (step counters) slice; see Note [Partial flush]
         idx = needed_nodes(self.nodes, targets, self.alias_root.get)
-        if idx is None or len(idx) == len(self.nodes) or len(idx) > max(8, len(self.nodes) // 4):
+        if idx is None or len(idx) == len(self.nodes) or len(idx) > _MAX_SLICE:
             return None
         chosen = set(idx)
         sliced = [self.nodes[i] for i in idx]

@@ -7,6 +7,12 @@ keeping the rest of the window open keeps fusion windows long: AdamW on CPU call
 ``step_t.item()`` once per parameter, which would otherwise cut the optimizer step
 into one window per parameter.
 
+Only small slices for 0-dim values are taken (the recorder's policy): every other
+observation flushes the whole window. Windows then start at the same place in every
+iteration of a training loop (its loss.item() or print resets them), so the cuts that
+a full window forces fall at the same ops each iteration and compiled regions recur;
+slicing the loss's ancestors out would shift every later cut.
+
 A node is needed when it produces, or writes the storage of, a needed value; its
 inputs then become needed too (walking the window backwards). Running the slice
 early reorders it before the excluded nodes that precede it; that is safe unless an

@@ -102,8 +102,8 @@ class CompileService:
         try:
             fn = self.compile_fn(gm, example)
             err = None
-        except Exception as e:  # noqa: BLE001 - any compiler error: eager-only, never raised
-            fn, err = None, e
+        except BaseException as e:  # noqa: BLE001 - any compiler error (even an interrupt
+            fn, err = None, e          # in the worker): eager-only, never raised, books kept
         dt = time.perf_counter() - t0
         with self.counters.lock:
             self.counters.compiles_in_flight -= 1
