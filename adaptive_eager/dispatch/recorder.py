@@ -182,6 +182,9 @@ class Recorder:
             t = self.inputs.pop(vid, None)
             if t is not None:
                 self._input_ids.pop(id(t), None)
+                sid = _storage_id(t)
+                if sid is not None and self._storages.get(sid) == vid:
+                    del self._storages[sid]  # else vid_of() finds a rolled-back value
             self.specs.pop(vid, None)
             self._sids.pop(vid, None)
             self.alias_root.pop(vid, None)
