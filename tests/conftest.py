@@ -18,3 +18,12 @@ def _fresh_state():
     torch.manual_seed(0)
     yield
     assert session.current_mode() is None, "a test left an adaptive_eager mode active"
+
+
+def pytest_configure(config):
+    # The emulated neuron device (tests/test_devices.py) must be registered before the
+    # first backward pass in the process: the autograd engine sizes its per-device
+    # queues once, at its first use, from the devices known then.
+    from adaptive_eager import neuron_sim
+
+    neuron_sim.enable()
