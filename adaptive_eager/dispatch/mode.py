@@ -112,6 +112,12 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 return NotImplemented
         if getattr(_LAZY_TLS, "suspended", 0):
             return self._run_real(func, args, kwargs)
+        if not self.recorder.nodes and self._should_defer is not None and not self._should_defer():
+            # The policy found nothing worth deferring lately: run straight through
+            # (probing again now and then; runtime.passthrough). Nothing is pending, so
+            # every handle is bound and unwraps itself.
+            self.counters.ops_passthrough += 1
+            return func(*args, **kwargs)
         first = args[0] if args else None
         if type(first) is not LazyTensor:  # handles are on the target device by construction
             dev = _device_of(args, kwargs)
@@ -126,11 +132,6 @@ class AdaptiveEagerMode(TorchDispatchMode):
 
     # -- handlers -------------------------------------------------------------------
     def _on_record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
-        if not self.recorder.nodes and self._should_defer is not None and not self._should_defer():
-            # The policy found nothing worth compiling lately: run straight through
-            # (probing again now and then; runtime.passthrough).
-            self.counters.ops_passthrough += 1
-            return self._run_real(func, args, kwargs)
         if kwargs and kwargs.get("device") is not None and \
                 torch.device(kwargs["device"]).type != self.device_type:
             return self._sync_then_run(func, args, kwargs, "transfer")

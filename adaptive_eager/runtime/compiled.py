@@ -57,7 +57,7 @@ from .checks import clone_strided, outputs_match
 from .compiler import CompileService
 from .counters import Counters
 from .executor import replay_guard, run_node
-from .passthrough import DeferPolicy
+from .passthrough import DeferPolicy, pays_for_capture
 
 _TIMED_CALLS = 3  # compiled calls timed against eager before keeping a region
 _COST_REASONS = frozenset({"too_small", "not_worth_it", "nothing_to_fuse"})  # not fallbacks
@@ -98,16 +98,19 @@ class CompiledExecutor:
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
         self.defer = DeferPolicy(options.adaptive_passthrough)
+        self._eager_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
 
     # -- the Executor contract ------------------------------------------------------
     def run(self, window: Window) -> Mapping[int, torch.Tensor]:
         groups = storage_groups(window)
         key, floats = window_key(window, groups)
         plan = self.plans.get(key)
-        if plan is None:
+        first = plan is None
+        if first:
             plan = self.plans[key] = self._plan(window, groups)
         env: dict[int, torch.Tensor] = dict(window.inputs)
         worth = False
+        t0 = time.perf_counter_ns()
         with replay_guard():
             for step in plan.steps:
                 region = step.region
@@ -115,6 +118,10 @@ class CompiledExecutor:
                     worth |= self._run_fused(window, step, env, floats)
                 else:
                     self._run_eager(window, region, env)
+        if first:  # a first sighting runs eagerly: its time is eager's
+            self._eager_ns[key] = time.perf_counter_ns() - t0
+        eager_ns = self._eager_ns.get(key)
+        worth = worth and (eager_ns is None or pays_for_capture(eager_ns, len(window.nodes)))
         self.defer.note_window(len(window.nodes), worth)
         return {vid: env[vid] for vid in window.outputs}
 

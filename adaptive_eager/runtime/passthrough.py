@@ -24,6 +24,20 @@ Example::
 from __future__ import annotations
 
 
+# Note [Capture must cost less than the work]
+# Fusion pays back at most the window's eager time, while capturing costs about
+# CAPTURE_NS_PER_OP per op in Python (measured: ~15-20 µs/op on this 2-core CPU,
+# benchmarks/README.md). A window whose ops run faster eagerly than that (hidden size
+# 32, many tiny ops) cannot win however well it fuses: it counts as not worth
+# deferring, whatever the partitioner thinks of its regions.
+CAPTURE_NS_PER_OP = 15_000
+
+
+def pays_for_capture(eager_ns: float, n_ops: int) -> bool:
+    """Whether a window whose eager run took ``eager_ns`` is worth capturing."""
+    return eager_ns >= n_ops * CAPTURE_NS_PER_OP
+
+
 class DeferPolicy:
     """Stops deferral after ``patience`` windows in a row with nothing worth compiling.
 
@@ -58,4 +72,4 @@ class DeferPolicy:
         return False
 
 
-__all__ = ["DeferPolicy"]
+__all__ = ["DeferPolicy", "CAPTURE_NS_PER_OP", "pays_for_capture"]
