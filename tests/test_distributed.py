@@ -75,7 +75,7 @@ def _scenario_ddp(rank: int, report: dict) -> None:
 
     ref_losses, ref_params = _train_ddp(rank, 4, contextlib.nullcontext)
     session.counters().reset()
-    losses, params = _train_ddp(rank, 4, lambda: ae.adaptive_eager(backend="eager"))
+    losses, params = _train_ddp(rank, 4, lambda: ae.adaptive_eager(backend="eager", adaptive_passthrough=False))
     flushes = dict(session.counters().flushes)
     assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6), (losses, ref_losses)
     for p, r in zip(params, ref_params):
@@ -94,7 +94,7 @@ def _scenario_c10d(rank: int, report: dict) -> None:
     from adaptive_eager.dispatch import LazyTensor
 
     session.counters().reset()
-    with ae.adaptive_eager(backend="eager"):
+    with ae.adaptive_eager(backend="eager", adaptive_passthrough=False):
         x = torch.full((4,), float(rank + 1)) * 2      # deferred: a handle
         assert isinstance(x, LazyTensor)
         dist.all_reduce(x)                               # must see the deferred value
@@ -122,7 +122,7 @@ def _scenario_functional(rank: int, report: dict) -> None:
 
     group = dist.group.WORLD
     session.counters().reset()
-    with ae.adaptive_eager(backend="eager"):
+    with ae.adaptive_eager(backend="eager", adaptive_passthrough=False):
         x = torch.ones(4) * (rank + 1)                  # deferred
         r = funcol.all_reduce(x, "sum", group)          # functional: returns a new tensor
         g = funcol.all_gather_tensor(x * 2, 0, group)
@@ -174,7 +174,7 @@ def _scenario_fsdp2(rank: int, report: dict) -> None:
         return
     session.counters().reset()
     try:
-        got = train(ae.adaptive_eager(backend="eager"))
+        got = train(ae.adaptive_eager(backend="eager", adaptive_passthrough=False))
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the test
         report["fsdp2"] = {"error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()}
         return
@@ -194,7 +194,7 @@ def _scenario_ddp_construct(rank: int, report: dict) -> None:
 
     import adaptive_eager as ae
 
-    with ae.adaptive_eager(backend="eager"):
+    with ae.adaptive_eager(backend="eager", adaptive_passthrough=False):
         DDP(_model())
     report["ddp_construct"] = {}
 

@@ -55,6 +55,11 @@ class NeuronDeviceModule:
         return 0
 
     @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        """Autocast dtypes (torch.amp and torch.utils.checkpoint ask every device module)."""
+        return [torch.bfloat16, torch.float16]
+
+    @staticmethod
     def set_device(device: int | str | torch.device) -> None:
         index = device if isinstance(device, int) else torch.device(device).index
         check_device_index(index)

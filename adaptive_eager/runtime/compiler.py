@@ -102,8 +102,8 @@ class CompileService:
         try:
             fn = self.compile_fn(gm, example)
             err = None
-        except BaseException as e:  # noqa: BLE001 - any compiler error (even an interrupt
-            fn, err = None, e          # in the worker): eager-only, never raised, books kept
+        except BaseException as e:  # noqa: BLE001 - a compiler error: eager-only, never
+            fn, err = None, e          # raised; an interrupt: books kept, then re-raised
         dt = time.perf_counter() - t0
         with self.counters.lock:
             self.counters.compiles_in_flight -= 1
@@ -112,6 +112,10 @@ class CompileService:
             return
         if err is not None:
             self.fail(entry, f"compile failed: {type(err).__name__}: {err}")
+            if not isinstance(err, Exception):
+                # An interrupt, not a compiler error: the region is eager-only and the books
+                # are kept, and a synchronous caller (waiting on this future) re-raises it.
+                raise err
             return
         entry.fn = fn
         entry.state = COMPILED
