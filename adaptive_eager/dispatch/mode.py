@@ -119,16 +119,36 @@ class AdaptiveEagerMode(TorchDispatchMode):
             self.counters.ops_passthrough += 1
             return func(*args, **kwargs)
         first = args[0] if args else None
+        traits = self._traits.get(func)
+        if traits is None:
+            traits = self.table.traits(func)
         if type(first) is not LazyTensor:  # handles are on the target device by construction
             dev = _device_of(args, kwargs)
             if dev is None or dev.type != self.device_type:
                 if not _has_unbound((args, tuple(kwargs.values()))):
                     return func(*args, **kwargs)
-        traits = self._traits.get(func)
-        if traits is None:
-            traits = self.table.traits(func)
+            elif traits.kind is Kind.RECORD and self._untouched_scalars(args):
+                # Note [Host scalars run now]
+                # Ops on 0-dim real tensors that no pending op touches (an optimizer's
+                # step counters: step += 1, then step.item()) read and write nothing the
+                # window holds, so running them now is what eager does, and it spares a
+                # flush at the .item() that follows.
+                self.counters.ops_passthrough += 1
+                return func(*args, **kwargs)
         with self.lock:
             return self._handlers[traits.kind](func, traits, args, kwargs)
+
+    def _untouched_scalars(self, args: tuple) -> bool:
+        seen = False
+        rec = self.recorder
+        for a in args:
+            items = a if isinstance(a, (list, tuple)) else (a,)
+            for t in items:
+                if isinstance(t, torch.Tensor):
+                    if type(t) is LazyTensor or t.dim() != 0 or (rec.nodes and rec.vid_of(t) is not None):
+                        return False
+                    seen = True
+        return seen
 
     # -- handlers -------------------------------------------------------------------
     def _on_record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
@@ -267,7 +287,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
         """Run the open window and bind its live handles. No-op when empty.
 
         ``targets``: tensors the caller is about to read (and not write). When they
-        are scalars needing a few nodes, only those run (Note [Partial flush]).
+        are scalars needing a few nodes, only those run (Note [Partial flush]); plain
+        tensors that no pending op touches need nothing. Handles always flush the
+        whole window, so windows start where the program syncs.
         """
         with self.lock:
             rec = self.recorder
@@ -280,6 +302,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 vids = [v for v in (rec.vid_of(t) for t in targets) if v is not None]
                 if vids:
                     sliced = rec.take_slice(vids, reason, source)
+                elif not any(type(t) is LazyTensor for t in targets):
+                    return  # plain tensors no pending op touches: their values are current
             if sliced is not None:
                 window, live = sliced
             else:
