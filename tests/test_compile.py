@@ -186,7 +186,7 @@ def test_tiny_windows_stop_deferral():
     s = TensorSpec.of(x)
     nodes = tuple(OpNode(aten.mul.Tensor, (ValueRef(i), 1.1), (), (i + 1,)) for i in range(8))
     w = Window({0: x}, nodes, {i: s for i in range(9)}, frozenset({8}))
-    for _ in range(ex.defer.patience):
+    for _ in range(ex.defer.patience + 1):  # the first sighting is novel: it is not judged
         ex.run(w)
     assert not ex.should_defer()
     assert mode_opts.adaptive_passthrough
@@ -208,3 +208,22 @@ def test_inductor_regions_match_eager_and_scalars_hit():
         with ae.adaptive_eager(backend="inductor", compile_after=1, async_compile=False):
             y = _chain(x)
         torch.testing.assert_close(y, _chain(x))
+
+
+def test_windows_that_never_recur_stop_deferral_without_planning():
+    """A new shape every step: first sightings are replayed, never planned, and after a
+    long run of them the mode stops deferring (runtime.passthrough)."""
+    from adaptive_eager import config
+    from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
+    from adaptive_eager.runtime import make_executor
+
+    ex = make_executor(config.resolve(backend="eager"), session.counters())
+    aten = torch.ops.aten
+    for n in range(1, ex.defer.novel_patience + 1):
+        x = torch.randn(n, 3)
+        s = TensorSpec.of(x)
+        nodes = tuple(OpNode(aten.mul.Tensor, (ValueRef(i), 1.1), (), (i + 1,)) for i in range(6))
+        out = ex.run(Window({0: x}, nodes, {i: s for i in range(7)}, frozenset({6})))
+        torch.testing.assert_close(out[6], x * 1.1 ** 6)
+    assert len(ex.plans) == 0
+    assert not ex.should_defer()

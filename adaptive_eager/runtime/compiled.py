@@ -99,6 +99,7 @@ class CompiledExecutor:
         self.demote = not is_debugging(options.backend)
         self.defer = DeferPolicy(options.adaptive_passthrough)
         self._eager_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
+        self._novel: cachetools.LRUCache = cachetools.LRUCache(max(256, 4 * options.cache_size))
 
     # -- the Executor contract ------------------------------------------------------
     def run(self, window: Window) -> Mapping[int, torch.Tensor]:
@@ -107,7 +108,14 @@ class CompiledExecutor:
         plan = self.plans.get(key)
         first = plan is None
         if first:
+            if self.options.compile_after > 1 and key not in self._novel:
+                return self._run_novel(window, key)
             plan = self.plans[key] = self._plan(window, groups)
+            if self._novel.pop(key, None) is not None:
+                # Credit the regions with the first sighting, which ran without a plan.
+                for step in plan.steps:
+                    if step.region.fused:
+                        self.cache.entry(step.region.key).seen += 1
         env: dict[int, torch.Tensor] = dict(window.inputs)
         worth = False
         t0 = time.perf_counter_ns()
@@ -123,6 +131,24 @@ class CompiledExecutor:
         eager_ns = self._eager_ns.get(key)
         worth = worth and (eager_ns is None or pays_for_capture(eager_ns, len(window.nodes)))
         self.defer.note_window(len(window.nodes), worth)
+        return {vid: env[vid] for vid in window.outputs}
+
+    def _run_novel(self, window: Window, key: Any) -> Mapping[int, torch.Tensor]:
+        # Note [First sightings are not planned]
+        # Nothing compiles on a window's first sighting (compile_after > 1), and programs
+        # whose windows never recur (a new sequence length every step) would pay for
+        # partitioning and lowering each one. So a first sighting is replayed eagerly,
+        # timed (the eager cost the pass-through policy weighs against capture), and
+        # only remembered; the plan is made when the window comes back.
+        env: dict[int, torch.Tensor] = dict(window.inputs)
+        t0 = time.perf_counter_ns()
+        with replay_guard():
+            for node in window.nodes:
+                run_node(node, env)
+        self._novel[key] = True
+        self._eager_ns[key] = time.perf_counter_ns() - t0
+        self.counters.ops_eager += len(window.nodes)
+        self.defer.note_window(len(window.nodes), False, novel=True)
         return {vid: env[vid] for vid in window.outputs}
 
     def should_defer(self) -> bool:

@@ -44,16 +44,33 @@ class DeferPolicy:
     ``enabled=False`` (option ``adaptive_passthrough``) always defers.
     """
 
-    def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 1024):
+    def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
+                 novel_patience: int = 48):
         self.enabled = enabled
         self.patience = patience
         self.probe_every = probe_every
+        self.novel_patience = novel_patience
+        self._novel_streak = 0
         self._streak = 0
         self._defer = True
         self._calls = 0
 
-    def note_window(self, n_ops: int, worth: bool) -> None:
-        """Record one flushed window: ``worth`` when it held a region worth compiling."""
+    def note_window(self, n_ops: int, worth: bool, novel: bool = False) -> None:
+        """Record one flushed window: ``worth`` when it held a region worth compiling;
+        ``novel`` for a window never seen before (its worth is unknown yet).
+
+        A training step can span many windows, all novel on the first iteration, so
+        novel windows stop deferral only after a much longer run of them
+        (``novel_patience``): a program whose windows never recur (a new shape every
+        step) gains nothing from capture.
+        """
+        if novel:
+            if n_ops >= 4:
+                self._novel_streak += 1
+                if self.enabled and self._novel_streak >= self.novel_patience:
+                    self._defer = False
+            return
+        self._novel_streak = 0
         if worth:
             self._streak = 0
             self._defer = True
