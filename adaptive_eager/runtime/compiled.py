@@ -126,7 +126,7 @@ class CompiledExecutor:
                     worth |= self._run_fused(window, step, env, floats)
                 else:
                     self._run_eager(window, region, env)
-        if first:  # a first sighting runs eagerly: its time is eager's
+        if first and key not in self._eager_ns:  # unplanned, all eager: its time is eager's
             self._eager_ns[key] = time.perf_counter_ns() - t0
         eager_ns = self._eager_ns.get(key)
         worth = worth and (eager_ns is None or pays_for_capture(eager_ns, len(window.nodes)))
