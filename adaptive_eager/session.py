@@ -173,6 +173,7 @@ class adaptive_eager:
         outer = current_mode()
         if outer is not None:
             outer.flush("nested_enter")
+            outer.unpark()  # a parked outer mode goes back under the new one
         mode = get_session(self.options).new_mode()
         observe = ObserveMode(mode)
         mode.__enter__()
@@ -187,6 +188,7 @@ class adaptive_eager:
         finally:
             if observe is not None:
                 observe.__exit__(None, None, None)
+                mode.unpark()  # back on the stack, so that its own __exit__ pops it
                 mode.__exit__(None, None, None)
 
     def __call__(self, fn: Callable) -> Callable:

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ..config import Options
 from ..runtime import Counters, Executor
@@ -90,6 +91,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self.table = table if table is not None else OpTable()
         self._traits = self.table._traits  # read-only fast path; OpTable fills it
         self._should_defer = getattr(executor, "should_defer", None)
+        self._parked = False
         self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size)
         self.lock = threading.RLock()
         self.recorder = Recorder(torch.device(options.device), self.memo, owner=self)
@@ -137,6 +139,25 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 return func(*args, **kwargs)
         with self.lock:
             return self._handlers[traits.kind](func, traits, args, kwargs)
+
+    # Note [Parking the mode]
+    # Passing ops through still costs the dispatch mode's Python call (~5-8 µs per op),
+    # more than a tiny op itself. So while the pass-through policy says nothing pays and
+    # nothing is pending, the mode leaves the dispatch-mode stack ("parks"); ObserveMode,
+    # a torch-function mode costing ~1 µs per call, keeps asking the policy and puts the
+    # mode back when the policy probes again. Parking only happens when this mode is
+    # on top of the stack, and the context manager unparks before exiting.
+    def park(self) -> None:
+        """Leave the dispatch-mode stack while ops pass straight through."""
+        if not self._parked and _current_dispatch_mode() is self:
+            _pop_mode()
+            self._parked = True
+
+    def unpark(self) -> None:
+        """Back on the dispatch-mode stack (capturing again)."""
+        if self._parked:
+            _push_mode(self)
+            self._parked = False
 
     def _untouched_scalars(self, args: tuple) -> bool:
         seen = False
@@ -404,6 +425,13 @@ class ObserveMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        mode = self.mode
+        should_defer = mode._should_defer
+        if should_defer is not None and not mode.recorder.nodes:
+            if should_defer():
+                mode.unpark()
+            else:
+                mode.park()  # Note [Parking the mode]
         name = _OBSERVERS.get(func)
         if name is not None:
             if len(self.mode.recorder):
