@@ -81,8 +81,9 @@ class Executor(Protocol):
 class EagerExecutor:
     """Replays a window op by op, as eager would have run it.
 
-    Intermediates are dropped from the environment as soon as no later node reads
-    them and the program no longer holds them, so peak memory stays at eager's.
+    NB: the environment keeps every intermediate until the window is done, so a
+    window's peak memory can exceed eager's, which frees dead values op by op.
+    Windows are bounded (``window_size``); freeing at last use is not done yet.
     """
 
     def run(self, window: Window) -> Mapping[int, torch.Tensor]:
