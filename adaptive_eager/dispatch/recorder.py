@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -84,6 +85,7 @@ class Recorder:
         self.alias_root: dict[int, int] = {}
         self._storages: dict[int, int] = {}  # storage id of a real input -> first vid
         self.handles: list[weakref.ref] = []
+        self.opened_ns = 0
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -268,6 +270,8 @@ class Recorder:
             self.handles.append(weakref.ref(handle))
             outputs.append(vid)
             results.append(handle)
+        if not self.nodes:
+            self.opened_ns = time.perf_counter_ns()
         self.nodes.append(OpNode(
             func, enc_args, tuple(enc_kwargs.items()) if enc_kwargs else (), tuple(outputs),
             tuple(mutates), traits.is_view,
@@ -293,7 +297,7 @@ class Recorder:
         window = Window(
             inputs=self.inputs, nodes=tuple(self.nodes), specs=self.specs,
             outputs=frozenset(h._ae_vid for h in live), alias_root=self.alias_root,
-            reason=reason, source=source,
+            reason=reason, source=source, opened_ns=self.opened_ns,
         )
         self._reset()
         return window, live

@@ -153,6 +153,7 @@ class Window:
     alias_root: Mapping[int, int] = field(default_factory=dict)
     reason: str = "sync"
     source: str | None = None
+    opened_ns: int = 0  # perf_counter_ns() when its first op was recorded (0: unknown)
 
     def mutated_inputs(self) -> frozenset[int]:
         """Ids of real input tensors (or views of them) written by some node."""

@@ -126,10 +126,16 @@ class CompiledExecutor:
                     worth |= self._run_fused(window, step, env, floats)
                 else:
                     self._run_eager(window, region, env)
+        t1 = time.perf_counter_ns()
         if first and key not in self._eager_ns:  # unplanned, all eager: its time is eager's
-            self._eager_ns[key] = time.perf_counter_ns() - t0
+            self._eager_ns[key] = t1 - t0
         eager_ns = self._eager_ns.get(key)
         worth = worth and (eager_ns is None or pays_for_capture(eager_ns, len(window.nodes)))
+        if worth and eager_ns is not None and window.opened_ns:
+            # Measured, not estimated: capturing this window (from its first op to the
+            # flush) plus running it must beat running it eagerly
+            # (Note [Capture must cost less than the work]).
+            worth = (t1 - window.opened_ns) < eager_ns
         self.defer.note_window(len(window.nodes), worth)
         return {vid: env[vid] for vid in window.outputs}
 
