@@ -118,6 +118,7 @@ class CompiledExecutor:
                         self.cache.entry(step.region.key).seen += 1
         env: dict[int, torch.Tensor] = dict(window.inputs)
         worth = False
+        compiled_before = self.counters.compiled_calls
         t0 = time.perf_counter_ns()
         with replay_guard():
             for step in plan.steps:
@@ -131,9 +132,10 @@ class CompiledExecutor:
             self._eager_ns[key] = t1 - t0
         eager_ns = self._eager_ns.get(key)
         worth = worth and (eager_ns is None or pays_for_capture(eager_ns, len(window.nodes)))
-        if worth and eager_ns is not None and window.opened_ns:
-            # Measured, not estimated: capturing this window (from its first op to the
-            # flush) plus running it must beat running it eagerly
+        ran_compiled = self.counters.compiled_calls > compiled_before
+        if worth and ran_compiled and eager_ns is not None and window.opened_ns:
+            # Measured, not estimated: once its regions run compiled, capturing this
+            # window (from its first op to the flush) plus running it must beat eager
             # (Note [Capture must cost less than the work]).
             worth = (t1 - window.opened_ns) < eager_ns
         self.defer.note_window(len(window.nodes), worth)
