@@ -60,7 +60,7 @@ class Session:
 
     def new_mode(self) -> AdaptiveEagerMode:
         if self.memo is None:
-            self.memo = MetaMemo(self.options.meta_cache_size)
+            self.memo = MetaMemo(self.options.meta_cache_size, self.counters)
         return AdaptiveEagerMode(self.options, self.executor, self.counters, self.table, self.memo)
 
 

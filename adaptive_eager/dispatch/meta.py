@@ -35,6 +35,7 @@ import cachetools
 import torch
 
 from ..fusion.ir import TensorSpec, ValueRef
+from ..runtime.counters import Counters
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +145,9 @@ class MetaMemo:
     evictions drop the mirror entry too, so the memo stays bounded.
     """
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int, counters: Counters | None = None):
+        # Hits and misses go to the session's Counters (stats().meta_hits/meta_misses).
+        self.counters = counters if counters is not None else Counters()
         # cachetools caches are not thread-safe; one memo may serve modes in several threads.
         self._lock = threading.Lock()
         self._fast: dict[Any, MetaResult] = {}
@@ -159,17 +162,15 @@ class MetaMemo:
         self._cache = _LRU(maxsize=maxsize)
         self._sids: dict[TensorSpec, int] = {}
         self._specs: list[TensorSpec] = []
-        self.hits = 0
-        self.misses = 0
 
     def get(self, key: Any) -> MetaResult | None:
         r = self._fast.get(key)
         if r is not None:
-            self.hits += 1
+            self.counters.meta_hits += 1
         return r
 
     def put(self, key: Any, result: MetaResult) -> None:
-        self.misses += 1
+        self.counters.meta_misses += 1
         with self._lock:
             self._cache[key] = result
             self._fast[key] = result

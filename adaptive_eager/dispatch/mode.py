@@ -92,7 +92,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self._traits = self.table._traits  # read-only fast path; OpTable fills it
         self._should_defer = getattr(executor, "should_defer", None)
         self._parked = False
-        self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size)
+        self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size, counters)
         self.lock = threading.RLock()
         self.recorder = Recorder(torch.device(options.device), self.memo, owner=self)
         self._handlers = {
