@@ -27,12 +27,15 @@ Example::
 from __future__ import annotations
 
 import importlib.util
+import logging
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
 from ..fusion.policy import OpSupport
+
+log = logging.getLogger("adaptive_eager")
 
 CompileFn = Callable[[fx.GraphModule, list], Callable[..., Any]]
 
@@ -42,6 +45,12 @@ class BackendUnavailable(RuntimeError):
 
 
 def _inductor(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    from .compile_worker import WorkerUnavailable, compile_in_worker
+
+    try:
+        return compile_in_worker(gm, example_inputs)  # Note [Compile in a subprocess]
+    except WorkerUnavailable as e:
+        log.debug("compiling in-process: %s", e)
     from torch._inductor.compile_fx import compile_fx
 
     with torch.no_grad():

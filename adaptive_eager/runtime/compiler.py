@@ -24,16 +24,28 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable
 
 from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
+from .compile_worker import Exiting
 from .counters import Counters
 
 log = logging.getLogger("adaptive_eager")
 
 FUEL_ENV = "ADAPTIVE_EAGER_FUEL"
+
+# Note [GIL convoy]
+# A compile running Python in this service's thread holds the GIL for up to the
+# interpreter's switch interval (5 ms) each time the program's thread wants it back,
+# and the program's thread gives it up at every ATen op: measured, 1000 small ops took
+# 4.5 ms alone and 12.7 s next to a busy thread, 205 ms with a 100 µs interval. Inductor
+# compiles run in a worker process (Note [Compile in a subprocess]); for what still
+# runs here (other backends, in-process fallbacks, loading artifacts) the interval is
+# lowered while the compile runs and restored after.
+COMPILE_SWITCH_INTERVAL_S = 1e-4
 
 
 def _fuel_from_env() -> int | None:
@@ -99,12 +111,21 @@ class CompileService:
 
     def _compile(self, entry: RegionEntry, gm: Any, example: list) -> None:
         t0 = time.perf_counter()
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, COMPILE_SWITCH_INTERVAL_S))  # Note [GIL convoy]
         try:
             fn = self.compile_fn(gm, example)
             err = None
         except BaseException as e:  # noqa: BLE001 - a compiler error: eager-only, never
             fn, err = None, e          # raised; an interrupt: books kept, then re-raised
+        finally:
+            sys.setswitchinterval(switch)
         dt = time.perf_counter() - t0
+        if isinstance(err, Exiting):  # the interpreter is exiting: nothing to report
+            with self.counters.lock:
+                self.counters.compiles_in_flight -= 1
+            entry.state, entry.fn, entry.reason = EAGER_ONLY, None, str(err)
+            return
         with self.counters.lock:
             self.counters.compiles_in_flight -= 1
             self.counters.compile_time_s += dt

@@ -1,0 +1,241 @@
+"""Inductor compiles in a separate process, so the program's thread never waits for one.
+
+# Note [Compile in a subprocess]
+# A background *thread* compiling with Inductor runs pure Python for seconds. Each
+# ATen op the program's thread runs releases the GIL and must take it back, and a
+# busy thread gives it up only every ``sys.getswitchinterval()`` (5 ms): measured on
+# this 2-core CPU, 1000 in-place ops on fp32[1000] took 4.5 ms alone and 12.7 s next to
+# a Python-busy thread (``python -m benchmarks.gil_convoy``). That convoy, not the
+# compile itself, was the multi-second stall seen in the first iterations of the AdamW
+# and GPT benchmarks. So Inductor compiles run in one long-lived worker process
+# (``python -m adaptive_eager.runtime.compile_worker``, started on the first compile,
+# at a lower CPU priority) with ``torch._inductor.standalone_compile``; the artifact
+# comes back as a file that the service thread loads in milliseconds, while it waits on
+# a pipe with the GIL released. Only what can cross a process boundary goes there:
+# CPU tensors, graphs that pickle, ops the worker knows (ATen). Anything else (a custom
+# op registered by the program, a worker that died or cannot start) compiles
+# in-process as before: the worker is a way to compile, never a new way to fail.
+#
+# Inductor options set with ``torch._inductor.config`` in the program are not seen by
+# the worker; set them through ``TORCHINDUCTOR_*`` environment variables instead
+# (inherited by the worker).
+
+Example::
+
+    >>> import torch
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> gm = make_fx(lambda x: (x.sin() * 2,))(torch.ones(4))
+    >>> fn = compile_in_worker(gm, [torch.ones(4)])   # doctest: +SKIP
+    >>> fn(torch.zeros(4))                              # doctest: +SKIP
+    [tensor([0., 0., 0., 0.])]
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any, BinaryIO, Callable
+
+import torch
+from torch import fx
+
+
+class WorkerUnavailable(RuntimeError):
+    """The job cannot go to the worker (or the worker failed); compile in-process."""
+
+
+class CompileError(RuntimeError):
+    """Inductor itself failed on the graph in the worker (the message is its error)."""
+
+
+class Exiting(CompileError):
+    """The interpreter is exiting: the worker was stopped, the compile abandoned."""
+
+
+def _describe(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter):
+            raise WorkerUnavailable(f"input on {x.device} / {type(x).__name__}")
+        return ("t", tuple(x.shape), tuple(x.stride()), x.storage_offset(), x.dtype,
+                x.untyped_storage().nbytes() // max(x.element_size(), 1))
+    if isinstance(x, (int, float, bool)) or x is None:
+        return x
+    raise WorkerUnavailable(f"example input of type {type(x).__name__}")
+
+
+def _rebuild(d: Any) -> Any:
+    if isinstance(d, tuple) and d and d[0] == "t":
+        _, shape, stride, offset, dtype, numel = d
+        base = torch.zeros(max(numel, 1), dtype=dtype)
+        return base.as_strided(shape, stride, offset)
+    return d
+
+
+class _Worker:
+    """One worker process and the pipes to it; jobs are serialized by a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._pid = -1
+        self._dir: str | None = None
+        self._broken: str | None = None
+        self._closed = False
+
+    def _start(self) -> subprocess.Popen:
+        if self._proc is not None and self._pid == os.getpid() and self._proc.poll() is None:
+            return self._proc
+        if self._broken is not None:
+            raise WorkerUnavailable(self._broken)
+        env = dict(os.environ)
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        env.pop("ADAPTIVE_EAGER", None)  # the worker compiles; it never runs the runtime
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "adaptive_eager.runtime.compile_worker"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env=env, close_fds=True,
+            )
+        except OSError as e:
+            self._broken = f"cannot start the compile worker: {e}"
+            raise WorkerUnavailable(self._broken) from e
+        self._pid = os.getpid()
+        self._dir = tempfile.mkdtemp(prefix="adaptive_eager-artifacts-")
+        return self._proc
+
+    def compile(self, gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        try:
+            payload = pickle.dumps((gm, [_describe(x) for x in example_inputs]))
+        except WorkerUnavailable:
+            raise
+        except Exception as e:  # noqa: BLE001 - unpicklable graph: compile in-process
+            raise WorkerUnavailable(f"graph does not pickle: {type(e).__name__}: {e}") from e
+        if self._closed:
+            raise Exiting("interpreter exiting; compile abandoned")
+        with self._lock:
+            proc = self._start()
+            assert self._dir is not None
+            path = os.path.join(self._dir, f"{len(os.listdir(self._dir))}.bin")
+            try:
+                _send(proc.stdin, (payload, path))
+                status, detail = _recv(proc.stdout)
+            except (OSError, EOFError, pickle.UnpicklingError) as e:
+                if self._closed:
+                    raise Exiting("interpreter exiting; compile abandoned") from e
+                self._kill()
+                raise WorkerUnavailable(f"compile worker died: {type(e).__name__}: {e}") from e
+        if status == "ok":
+            from torch._inductor import CompiledArtifact  # noqa: PLC0415 - heavy, lazy
+
+            try:
+                return CompiledArtifact.load(path=path, format="binary")
+            finally:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        if status == "compile_error":
+            raise CompileError(detail)
+        raise WorkerUnavailable(detail)
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and self._pid == os.getpid():
+            try:
+                proc.kill()
+                proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+
+    def close(self) -> None:
+        """Stop the worker at interpreter exit; compiles waiting on it are abandoned."""
+        self._closed = True
+        proc, self._proc = self._proc, None
+        if proc is None or self._pid != os.getpid():
+            return
+        try:
+            proc.kill()  # a compile in progress is abandoned, not awaited
+            proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+
+
+def _send(stream: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj)
+    stream.write(len(data).to_bytes(8, "little") + data)
+    stream.flush()
+
+
+def _recv(stream: BinaryIO) -> Any:
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError("compile worker closed its pipe")
+    n = int.from_bytes(head, "little")
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError("compile worker closed its pipe mid-message")
+    return pickle.loads(data)
+
+
+# Note [One worker per process]
+# Module-level, like the backend registry: every session of this process shares the
+# one worker (a process per session would multiply import costs). Forked children get
+# their own on first use (the pid check). The worker is killed at interpreter exit
+# (a compile in progress is abandoned: the program is done) and exits by itself when
+# its pipe closes (its parent died).
+_WORKER = _Worker()
+# Before the interpreter joins threads (concurrent.futures registers its own join the
+# same way), so that exit never waits for a compile the program no longer needs.
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_WORKER.close)
+else:  # pragma: no cover - every CPython this project supports has it
+    atexit.register(_WORKER.close)
+
+
+def compile_in_worker(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    """Compile ``gm`` with Inductor in the worker process; the loaded artifact.
+
+    Raises :class:`WorkerUnavailable` when the job cannot be done there (compile it
+    in-process instead) and :class:`CompileError` when Inductor fails on the graph.
+    """
+    return _WORKER.compile(gm, example_inputs)
+
+
+def _serve() -> None:  # pragma: no cover - runs in the worker process
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints from compilers must not corrupt the protocol
+    inp = sys.stdin.buffer
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    torch.set_num_threads(1)
+    from torch._inductor import standalone_compile  # noqa: PLC0415
+
+    while True:
+        try:
+            payload, path = _recv(inp)
+        except EOFError:
+            return
+        try:
+            gm, described = pickle.loads(payload)
+            example = [_rebuild(d) for d in described]
+        except Exception as e:  # noqa: BLE001
+            _send(out, ("unavailable", f"worker cannot load the graph: {type(e).__name__}: {e}"))
+            continue
+        try:
+            with torch.no_grad():
+                art = standalone_compile(gm, example, dynamic_shapes="from_example_inputs")
+            art.save(path=path, format="binary")
+            _send(out, ("ok", None))
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
+            _send(out, ("compile_error", f"{type(e).__name__}: {e}"[:2000]))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _serve()
