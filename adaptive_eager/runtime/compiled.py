@@ -97,7 +97,9 @@ class CompiledExecutor:
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
-        self.defer = DeferPolicy(options.adaptive_passthrough)
+        self.defer = DeferPolicy(options.adaptive_passthrough,
+                                 in_flight=lambda: counters.compiles_in_flight)
+        self.should_defer = self.defer.should_defer  # hot: asked on every torch call
         self._eager_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
         self._novel: cachetools.LRUCache = cachetools.LRUCache(max(256, 4 * options.cache_size))
 
@@ -133,6 +135,15 @@ class CompiledExecutor:
         eager_ns = self._eager_ns.get(key)
         worth = worth and (eager_ns is None or pays_for_capture(eager_ns, len(window.nodes)))
         ran_compiled = self.counters.compiled_calls > compiled_before
+        if worth and not ran_compiled and self.options.async_compile and any(
+                s.region.fused and self.cache.entry(s.region.key).state == COMPILING
+                for s in plan.steps):
+            # Note [Waiting for compiles runs eagerly]
+            # Its regions are compiling (in the worker process): capturing now would only
+            # add per-op cost until they are ready, so ops pass straight through until
+            # no compile is in flight, then the window is captured and judged again.
+            self.defer.note_window(len(window.nodes), True, pending=True)
+            return {vid: env[vid] for vid in window.outputs}
         if worth and ran_compiled and eager_ns is not None and window.opened_ns:
             # Measured, not estimated: once its regions run compiled, capturing this
             # window (from its first op to the flush) plus running it must beat eager

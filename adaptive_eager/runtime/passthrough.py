@@ -23,6 +23,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Callable
+
 
 # Note [Capture must cost less than the work]
 # Fusion pays back at most the window's eager time, while capturing costs about
@@ -49,8 +51,10 @@ class DeferPolicy:
     """
 
     def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
-                 novel_patience: int = 48):
+                 novel_patience: int = 48, in_flight: Callable[[], int] | None = None):
         self.enabled = enabled
+        self._in_flight = in_flight
+        self._waiting = False
         self.patience = patience
         self.probe_every = probe_every
         self.novel_patience = novel_patience
@@ -59,7 +63,8 @@ class DeferPolicy:
         self._defer = True
         self._calls = 0
 
-    def note_window(self, n_ops: int, worth: bool, novel: bool = False) -> None:
+    def note_window(self, n_ops: int, worth: bool, novel: bool = False,
+                    pending: bool = False) -> None:
         """Record one flushed window: ``worth`` when it held a region worth compiling;
         ``novel`` for a window never seen before (its worth is unknown yet).
 
@@ -67,7 +72,16 @@ class DeferPolicy:
         novel windows stop deferral only after a much longer run of them
         (``novel_patience``): a program whose windows never recur (a new shape every
         step) gains nothing from capture.
+
+        ``pending``: the window's regions are still compiling. Deferral stops until no
+        compile is in flight (``in_flight() == 0``), then resumes to judge the window
+        with its compiled regions (Note [Waiting for compiles runs eagerly]).
         """
+        if pending:
+            if self.enabled and self._in_flight is not None:
+                self._waiting = True
+                self._defer = False
+            return
         if novel:
             if n_ops >= 4:
                 self._novel_streak += 1
@@ -85,6 +99,10 @@ class DeferPolicy:
 
     def should_defer(self) -> bool:
         if self._defer:
+            return True
+        if self._waiting and self._in_flight() == 0:  # type: ignore[misc]
+            self._waiting = False
+            self._defer = True
             return True
         self._calls += 1
         if self._calls >= self.probe_every:
