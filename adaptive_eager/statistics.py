@@ -90,6 +90,7 @@ class Stats:
     compiles_in_flight: int = 0
     meta_hits: int = 0
     meta_misses: int = 0
+    handles_released: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -227,3 +227,110 @@ def test_windows_that_never_recur_stop_deferral_without_planning():
         torch.testing.assert_close(out[6], x * 1.1 ** 6)
     assert len(ex.plans) == 0
     assert not ex.should_defer()
+
+
+def test_compiles_in_flight_pass_ops_through_then_capture_resumes():
+    """Note [Waiting for compiles runs eagerly]: while a window's regions compile, ops run
+    straight through (the mode parks); when no compile is in flight, capture resumes and
+    the compiled region runs."""
+    gate = threading.Event()
+
+    def slow(gm, example_inputs):
+        gate.wait(20)
+        return gm
+
+    x = torch.randn(N)
+    ref = _chain(x)
+
+    def once():
+        y = _chain(x)
+        ae.sync()
+        return y
+
+    with ae.adaptive_eager(backend=slow, compile_after=2, async_compile=True):
+        for _ in range(2):  # first sighting, then the one that submits the compile
+            torch.testing.assert_close(once(), ref)
+        c = session.counters()
+        assert c.compiles_in_flight == 1
+        captured = c.ops_captured
+        for _ in range(3):
+            y = once()
+            assert type(y) is torch.Tensor  # parked: ops ran for real
+            torch.testing.assert_close(y, ref)
+        assert c.ops_captured == captured and c.ops_passthrough == 0  # parked, not routed
+        gate.set()
+        for _ in range(100):
+            if c.compiles_in_flight == 0:
+                break
+            time.sleep(0.05)
+        for _ in range(3):
+            torch.testing.assert_close(once(), ref)
+        assert c.ops_captured > captured and c.compiled_calls >= 1
+
+
+def test_worker_exit_abandons_compiles_quietly(caplog):
+    """At interpreter exit the worker is stopped; a compile waiting on it is abandoned
+    without a warning (Note [One worker per process])."""
+    from adaptive_eager.runtime import compile_worker
+    from adaptive_eager.runtime.cache import EAGER_ONLY, RegionEntry
+    from adaptive_eager.runtime.compiler import CompileService
+    from adaptive_eager.runtime.counters import Counters
+
+    w = compile_worker._Worker()
+    w.close()
+    gm = torch.fx.symbolic_trace(lambda x: (x + 1,))
+    with pytest.raises(compile_worker.Exiting):
+        w.compile(gm, [torch.zeros(2)])
+    counters = Counters()
+    svc = CompileService(lambda g, ex: w.compile(g, ex), counters, async_=False, timeout_s=10)
+    e = RegionEntry("k")
+    with caplog.at_level(logging.WARNING, logger="adaptive_eager"):
+        svc.submit(e, lambda: (gm, [torch.zeros(2)]))
+    assert e.state == EAGER_ONLY and counters.compiles_in_flight == 0
+    assert counters.compile_failures == 0 and not caplog.records
+
+
+def test_worker_refuses_what_cannot_cross_a_process():
+    from adaptive_eager.runtime import compile_worker
+
+    gm = torch.fx.symbolic_trace(lambda x: (x + 1,))
+    with pytest.raises(compile_worker.WorkerUnavailable, match="meta"):
+        compile_worker._Worker().compile(gm, [torch.zeros(2, device="meta")])
+    with pytest.raises(compile_worker.WorkerUnavailable, match="object"):
+        compile_worker._Worker().compile(gm, [object()])
+
+
+@pytest.mark.inductor
+def test_inductor_compiles_in_a_worker_process_and_falls_back_in_process(monkeypatch):
+    """Note [Compile in a subprocess]: Inductor runs in one worker process; when the worker
+    cannot take a job, the compile runs in-process, with the same results."""
+    import os
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from adaptive_eager.runtime import backends, compile_worker
+
+    def step(p, g, lr):
+        p.mul_(1 - lr * 0.01)
+        p.add_(g, alpha=-lr)
+        return (p.sum(),)
+
+    p, g = torch.randn(256), torch.randn(256)
+    gm = make_fx(step)(p.clone(), g, 0.1)
+    ref = p.clone()
+    ref_sum = step(ref, g, 0.1)[0]
+    fn = backends.get_backend("inductor")(gm, [p, g, 0.1])
+    proc = compile_worker._WORKER._proc
+    assert proc is not None and proc.poll() is None and proc.pid != os.getpid()
+    got = p.clone()
+    torch.testing.assert_close(fn(got, g, 0.1)[0], ref_sum)
+    torch.testing.assert_close(got, ref)  # the input mutation is written back
+
+    def unavailable(gm, example):
+        raise compile_worker.WorkerUnavailable("test: no worker")
+
+    monkeypatch.setattr(compile_worker, "compile_in_worker", unavailable)
+    fn2 = backends.get_backend("inductor")(make_fx(step)(p.clone(), g, 0.1), [p, g, 0.1])
+    got2 = p.clone()
+    torch.testing.assert_close(fn2(got2, g, 0.1)[0], ref_sum)
+    torch.testing.assert_close(got2, ref)

@@ -5,6 +5,7 @@ every flush trigger (each must flush and show eager's value)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import pickle
@@ -512,4 +513,48 @@ def test_escaped_handle_printing_inside_later_block(capsys):
         print(z)
         print(y)
     assert capsys.readouterr().out == "tensor([1., 3., 5.])\ntensor([0., 2., 4.])\n"
-    assert isinstance(z, LazyTensor)
+    # Bound handles nothing else holds become plain tensors at exit, in place
+    # (Note [Releasing bound handles]).
+    assert type(z) is torch.Tensor and type(y) is torch.Tensor
+
+
+def _sgd_mlp_run(steps, ctx=None):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(16, 32)
+    losses, kinds = [], []
+    with (ctx if ctx is not None else contextlib.nullcontext()):
+        for _ in range(steps):
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        kinds = [type(s["momentum_buffer"]) for s in opt.state.values()]
+    return losses, [p.detach().clone() for p in m.parameters()], kinds
+
+
+def test_bound_state_handles_become_plain_tensors_when_the_mode_parks():
+    """Note [Releasing bound handles]: momentum buffers created while ops were deferred
+    are plain tensors once the pass-through policy parks the mode (inside the block),
+    and training equals eager."""
+    ref_losses, ref_params, _ = _sgd_mlp_run(40)
+    losses, params, kinds = _sgd_mlp_run(40, ae.adaptive_eager(backend="eager"))
+    assert losses == ref_losses
+    for a, b in zip(params, ref_params):
+        assert torch.equal(a, b)
+    assert kinds == [torch.Tensor] * 4
+    assert session.counters().handles_released >= 4
+
+
+def test_handles_held_by_autograd_stay_handles():
+    w = torch.randn(3, requires_grad=True)
+    with mode():
+        h = torch.arange(3.) * 2  # no grad: a release candidate ...
+        out = (w * h).sum()       # ... but saved by MulBackward for backward
+        ae.sync()
+    assert type(h) is LazyTensor and h._ae_real is not None
+    out.backward()
+    torch.testing.assert_close(w.grad, torch.arange(3.) * 2)
+    assert h.tolist() == [0.0, 2.0, 4.0]

@@ -21,8 +21,11 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -92,6 +95,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self._traits = self.table._traits  # read-only fast path; OpTable fills it
         self._should_defer = getattr(executor, "should_defer", None)
         self._parked = False
+        self._bound: list[weakref.ref] = []  # Note [Releasing bound handles]
+        self._bound_prune_at = 1024
         self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size, counters)
         self.lock = threading.RLock()
         self.recorder = Recorder(torch.device(options.device), self.memo, owner=self)
@@ -152,6 +157,46 @@ class AdaptiveEagerMode(TorchDispatchMode):
         if not self._parked and _current_dispatch_mode() is self:
             _pop_mode()
             self._parked = True
+            self.release_handles()
+
+    # Note [Releasing bound handles]
+    # State a program creates while ops are deferred (optimizer moments, momentum
+    # buffers, caches) is made of handles, and stays so after its window has run: every
+    # later op on it pays the handle's Python __torch_dispatch__ (~10 µs), which is what
+    # a pass-through phase exists to avoid (measured: a tiny-MLP SGD step at 2.5x eager
+    # once parked, from its momentum buffers alone). So when the mode parks or its
+    # context exits, each bound handle that nothing but the program references becomes
+    # the plain tensor it stands for, in place: torch.utils.swap_tensors swaps the
+    # Python objects' class, __dict__ and TensorImpl, keeping the program's object
+    # identity. Handles with autograd history (requires_grad, saved for backward, held
+    # by C++ such as ``.grad``) or any other reference (use counts above one, weakrefs)
+    # stay handles: they keep working, only at the handle's cost.
+    def _remember_bound(self, live: list) -> None:
+        bound = self._bound
+        for h in live:
+            if not h.requires_grad:
+                bound.append(weakref.ref(h))
+        if len(bound) > self._bound_prune_at:
+            self._bound = [r for r in bound if r() is not None]
+            self._bound_prune_at = max(1024, 2 * len(self._bound))
+
+    def release_handles(self) -> int:
+        """Turn bound, unshared handles into plain tensors (Note [Releasing bound handles]).
+
+        Returns how many were released. Nothing may be pending for them to be bound, so
+        only the handles of flushed windows are considered.
+        """
+        refs, self._bound = self._bound, []
+        released = 0
+        while refs:
+            h = refs.pop()()
+            if h is None or type(h) is not LazyTensor or h._ae_real is None:
+                continue
+            if _release(h):
+                released += 1
+            del h
+        self.counters.handles_released += released
+        return released
 
     def unpark(self) -> None:
         """Back on the dispatch-mode stack (capturing again)."""
@@ -341,6 +386,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
                     h._ae_error = e
                 raise
             self.counters.ops_executed += len(window)
+            if sliced is None:
+                self._remember_bound(live)
             for h in live:
                 real = h._ae_real = values[h._ae_vid]
                 spec = h._ae_spec
@@ -361,6 +408,62 @@ class AdaptiveEagerMode(TorchDispatchMode):
         if real is None:
             return handle._ae_materialize(reason)  # raises with the recorded error
         return real
+
+
+# Note [Dynamo's wrapper only while Dynamo runs]
+# TorchDispatchMode wraps every subclass's __torch_dispatch__ in torch._disable_dynamo,
+# so that a torch.compile'd frame never traces into a mode. That wrapper imports
+# torch._dynamo on its first call (measured 2.5-3 s: most of this runtime's first
+# iteration) and then costs a set_eval_frame round trip per op. Dynamo can only be
+# running when its eval-frame callback is installed, so the mode calls its own
+# implementation directly while there is none, and goes through Dynamo's disable
+# wrapper (the same as torch's) while there is.
+def _dispatch_unless_dynamo(raw: Any) -> Any:
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback
+
+    disabled: list = []
+
+    @functools.wraps(raw)
+    def __torch_dispatch__(self: Any, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        if get_eval_frame_callback() is None:
+            return raw(self, func, types, args, kwargs)
+        if not disabled:
+            import torch._dynamo  # noqa: PLC0415 - already imported: Dynamo is running
+
+            disabled.append(torch._dynamo.disable(raw, recursive=True, wrapping=False))
+        return disabled[0](self, func, types, args, kwargs)
+
+    __torch_dispatch__._torchdynamo_disable = True  # type: ignore[attr-defined]
+    __torch_dispatch__._torchdynamo_orig_callable = raw  # type: ignore[attr-defined]
+    return __torch_dispatch__
+
+
+AdaptiveEagerMode.__torch_dispatch__ = _dispatch_unless_dynamo(  # type: ignore[method-assign]
+    getattr(AdaptiveEagerMode.__dict__["__torch_dispatch__"], "__wrapped__",
+            AdaptiveEagerMode.__dict__["__torch_dispatch__"]))
+
+
+def _release(h: LazyTensor) -> bool:
+    """Swap bound handle ``h`` with its real tensor if nothing else holds either."""
+    real = h._ae_real
+    if h.requires_grad or real.requires_grad or type(real) is not torch.Tensor:
+        return False
+    # The program's references to h all see the swap (that is the point); a holder of
+    # `real` (besides h.__dict__, the local name and getrefcount's argument) would be
+    # left with the empty wrapper, so then nothing is swapped.
+    if sys.getrefcount(real) > 3:
+        return False
+    if h._use_count() != 1 or real._use_count() != 1 or weakref.getweakrefs(h) \
+            or weakref.getweakrefs(real):
+        return False
+    try:
+        torch.utils.swap_tensors(h, real)
+    except RuntimeError:
+        return False
+    # `real` is now the (empty) wrapper and carries h's attributes: bind it to h, the
+    # plain tensor, so that any stray reference still reads the value.
+    real._ae_real = h
+    return True
 
 
 _SYNC_REASONS = {
@@ -424,13 +527,17 @@ class ObserveMode(TorchFunctionMode):
         self.mode = mode
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
         mode = self.mode
+        if mode._parked:
+            # Fast path: parked means nothing is pending in this thread, so no read
+            # needs a flush, and ops pass straight through unless the policy probes.
+            if not mode._should_defer():
+                return func(*args, **kwargs) if kwargs else func(*args)
+            mode.unpark()
+        kwargs = kwargs or {}
         should_defer = mode._should_defer
         if should_defer is not None and not mode.recorder.nodes:
-            if should_defer():
-                mode.unpark()
-            else:
+            if not should_defer():
                 mode.park()  # Note [Parking the mode]
         name = _OBSERVERS.get(func)
         if name is not None:

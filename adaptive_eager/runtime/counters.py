@@ -41,6 +41,7 @@ class Counters:
     compiles_in_flight: int = 0
     meta_hits: int = 0
     meta_misses: int = 0
+    handles_released: int = 0     # bound handles turned into plain tensors (mode.release_handles)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def note_flush(self, reason: str, site: str | None) -> None:
