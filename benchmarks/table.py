@@ -53,7 +53,7 @@ def summarize(runs: Iterable[Dict[str, Any]], workload_order: Sequence[str] = ()
                 continue
             row[mode] = {"status": r.get("status"), "time_s": r.get("time_s"),
                          "spread_rel": r.get("spread_rel"), "first_iter_s": r.get("first_iter_s"),
-                         "message": r.get("message")}
+                         "enter_s": r.get("enter_s"), "message": r.get("message")}
             if (r.get("extra") or {}).get("launches_per_iter") is not None:
                 row[mode]["launches_per_iter"] = r["extra"]["launches_per_iter"]
         row["speedup_vs_eager"] = (e["time_s"] / a["time_s"]) if _ok(e) and _ok(a) and a["time_s"] > 0 else None
@@ -91,7 +91,15 @@ def _count(x) -> str:
 
 
 HEADERS = ("workload", "eager", "adaptive", "compile", "eager/adapt", "compile/adapt",
-           "1st eager", "1st adapt", "1st compile", "compiles", "hit rate", "fused")
+           "1st eager", "1st adapt", "1st compile", "compiles", "hit rate*", "fused")
+
+
+def _steady_hit_rate(r: Dict[str, Any]) -> Optional[float]:
+    """The cache hit rate over the timed iterations (steady state), else the run's."""
+    t = r.get("adaptive_timed") or {}
+    if t.get("cache_hit_rate") is not None:
+        return t["cache_hit_rate"]
+    return None if t else r.get("adaptive_cache_hit_rate")
 
 
 def table_rows(rows: Sequence[Dict[str, Any]]) -> List[List[str]]:
@@ -106,7 +114,7 @@ def table_rows(rows: Sequence[Dict[str, Any]]) -> List[List[str]]:
                     _time_cell(r.get("compile")), fmt_ratio(r.get("speedup_vs_eager")),
                     fmt_ratio(r.get("vs_compile")), _first_cell(r.get("eager")),
                     _first_cell(r.get("adaptive")), _first_cell(r.get("compile")),
-                    _count(r.get("adaptive_compiles")), fmt_pct(r.get("adaptive_cache_hit_rate")),
+                    _count(r.get("adaptive_compiles")), fmt_pct(_steady_hit_rate(r)),
                     fmt_pct(r.get("adaptive_fused_share"))])
     return out
 
@@ -146,6 +154,11 @@ def format_notes(rows: Sequence[Dict[str, Any]], runs: Iterable[Dict[str, Any]] 
             parts.append(f"{t['compiles']} compiles while timed")
         if t.get("fused_share") is not None:
             parts.append(f"fused {100 * t['fused_share']:.0f}%")
+        if r.get("adaptive_cache_hit_rate") is not None:
+            parts.append(f"hit rate over the whole run {100 * r['adaptive_cache_hit_rate']:.0f}%")
+        enter = (r.get("adaptive") or {}).get("enter_s")
+        if enter is not None:
+            parts.append(f"context entry {enter:.2f} s (one-time set-up)")
         if parts:
             notes.append(f"  {r['workload']} [adaptive, timed iters] " + ", ".join(parts))
     return "\n".join(notes)

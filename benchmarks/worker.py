@@ -156,7 +156,13 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
             err = api.reset_stats()
             if err:
                 res.setdefault("warnings", []).append(err)
-            with api.context(**{**wl.adaptive_defaults, **(adaptive_options or {})}):
+            t_enter = time.perf_counter()
+            ctx = api.context(**{**wl.adaptive_defaults, **(adaptive_options or {})})
+            with ctx:
+                # One-time set-up at the first session (imports torch._dynamo; see
+                # Note [Import Dynamo at the first session, not at the first op]),
+                # reported apart from the first iteration.
+                res["enter_s"] = time.perf_counter() - t_enter
                 warm_times, extra_warm, times, before, after = body()
                 api.sync()
         else:

@@ -30,7 +30,8 @@ def test_format_table_and_ratios():
         _run("pointwise", "eager", time_s=0.080, first=0.12),
         _run("pointwise", "adaptive", time_s=0.040, first=0.5,
              derived_total={"compiles": 3, "cache_hit_rate": 0.9, "fused_share": 0.75},
-             derived_timed={"ops_captured_per_iter": 28.0, "flushes_per_iter": 1.0, "compiles": 0}),
+             derived_timed={"ops_captured_per_iter": 28.0, "flushes_per_iter": 1.0, "compiles": 0,
+                            "cache_hit_rate": 0.95}, enter_s=2.5),
         _run("pointwise", "compile", time_s=0.050, first=25.0),
         _run("adamw", "eager", time_s=0.0175, first=0.03),
         _run("adamw", "adaptive", status="unavailable", message="adaptive_eager has no adaptive_eager() yet"),
@@ -53,7 +54,7 @@ def test_format_table_and_ratios():
     # all lines equally wide (fixed-width columns)
     assert len({len(l.rstrip()) for l in lines[:2]}) == 1
     pw_line = next(l for l in lines if l.startswith("pointwise"))
-    for cell in ("80.0ms ±5%", "40.0ms ±5%", "50.0ms ±5%", "2.00x", "1.25x", "25.00s", "90%", "75%"):
+    for cell in ("80.0ms ±5%", "40.0ms ±5%", "50.0ms ±5%", "2.00x", "1.25x", "25.00s", "95%", "75%"):
         assert cell in pw_line, (cell, pw_line)
     adam_line = next(l for l in lines if l.startswith("adamw"))
     assert "unavail" in adam_line and "17.5ms" in adam_line
@@ -63,6 +64,7 @@ def test_format_table_and_ratios():
     notes = T.format_notes(rows)
     assert "adaptive_eager has no adaptive_eager() yet" in notes
     assert "28 ops captured/iter" in notes
+    assert "hit rate over the whole run 90%" in notes and "context entry 2.50 s" in notes
 
 
 def test_formatters():
