@@ -84,6 +84,7 @@ def get_session(options: Options) -> Session:
     with _SESSIONS_LOCK:
         s = _SESSIONS.get(options)
         if s is None:
+            _install_safe_point()
             s = _SESSIONS[options] = Session(options, make_executor(options, _COUNTERS), _COUNTERS)
             if options.report:
                 _report_at_exit(options.report)
@@ -105,6 +106,46 @@ def _stack() -> list:
     if st is None:
         st = _TLS.stack = []
     return st
+
+
+def _innermost_observe(st: list) -> ObserveMode | None:
+    for _, observe in reversed(st):
+        if observe is not None:
+            return observe
+    return None
+
+
+# A safe point counts for this many torch calls towards the pass-through policy's probes.
+_SAFE_POINT_WEIGHT = 100
+
+
+def _safe_point(*_: Any) -> None:
+    """The end of an optimizer step: deep-park a parked runtime, or bring it back when
+    the policy wants to capture again (Note [Deep parking], dispatch/mode.py)."""
+    st = getattr(_TLS, "stack", None)
+    if not st:
+        return
+    mode = st[-1][0]
+    observe = _innermost_observe(st)
+    if observe is None or observe.mode is not mode or mode._should_defer is None:
+        return
+    if observe.deep:
+        if mode._should_defer(_SAFE_POINT_WEIGHT):
+            observe.resume()
+    elif mode._parked:
+        observe.deep_park()
+
+
+_SAFE_POINT_HOOK: list = []
+
+
+def _install_safe_point() -> None:
+    # Global optimizer hooks are torch's public API and cost nothing to code that
+    # never steps an optimizer; installed once per process, with the first session.
+    if not _SAFE_POINT_HOOK:
+        from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
+
+        _SAFE_POINT_HOOK.append(register_optimizer_step_post_hook(_safe_point))
 
 
 def current_mode() -> AdaptiveEagerMode | None:
@@ -189,6 +230,9 @@ class adaptive_eager:
         outer = current_mode()
         if outer is not None:
             outer.flush("nested_enter")
+            outer_observe = _innermost_observe(st)
+            if outer_observe is not None:
+                outer_observe.resume()  # Note [Deep parking]
             outer.unpark()  # a parked outer mode goes back under the new one
         mode = get_session(self.options).new_mode()
         observe = ObserveMode(mode)
@@ -205,7 +249,10 @@ class adaptive_eager:
                 mode.release_handles()  # Note [Releasing bound handles]
         finally:
             if observe is not None:
-                observe.__exit__(None, None, None)
+                if observe.deep and not observe.resume():
+                    observe.deep = False  # off the stack already: nothing to pop
+                else:
+                    observe.__exit__(None, None, None)
                 mode.unpark()  # back on the stack, so that its own __exit__ pops it
                 mode.__exit__(None, None, None)
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import adaptive_eager as ae
 from adaptive_eager import session
@@ -558,3 +559,94 @@ def test_handles_held_by_autograd_stay_handles():
     out.backward()
     torch.testing.assert_close(w.grad, torch.arange(3.) * 2)
     assert h.tolist() == [0.0, 2.0, 4.0]
+
+
+def _observe_on_stack() -> bool:
+    from adaptive_eager.dispatch import ObserveMode
+
+    return any(isinstance(m, ObserveMode) for m in torch.overrides._get_current_function_mode_stack())
+
+
+def test_deep_parking_at_optimizer_steps_keeps_eager_results_and_a_clean_stack():
+    """Note [Deep parking]: once parked, the end of an optimizer step takes ObserveMode
+    off the torch-function stack; training equals eager, a mode entered by the program
+    meanwhile keeps its place, and exit leaves both mode stacks empty."""
+    from torch.overrides import TorchFunctionMode
+
+    from adaptive_eager.session import _stack
+
+    ref_losses, ref_params, _ = _sgd_mlp_run(40)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(16, 32)
+    losses, deep_seen = [], False
+
+    class Counting(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Counting.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with ae.adaptive_eager(backend="eager"):
+        for i in range(40):
+            if i == 30:
+                with Counting():  # the program's own mode, entered while deep-parked
+                    loss = m(x).pow(2).mean()
+            else:
+                loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+            observe = _stack()[-1][1]
+            deep_seen |= observe.deep and not _observe_on_stack()
+    assert deep_seen and Counting.calls > 0
+    assert losses == ref_losses
+    for a, b in zip(m.parameters(), ref_params):
+        assert torch.equal(a, b)
+    assert torch.overrides._get_current_function_mode_stack() == []
+    assert _get_current_dispatch_mode_stack() == []
+
+
+def test_deep_parked_runtime_comes_back_at_a_safe_point_and_for_a_nested_block(monkeypatch):
+    from adaptive_eager import session as sess
+    from adaptive_eager.session import _stack
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(16, 32)
+    p = m[0].bias
+    with ae.adaptive_eager(backend="eager"):
+        observe = _stack()[-1][1]
+        for _ in range(40):
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+            if observe.deep:
+                break
+        assert observe.deep and not _observe_on_stack()
+        # A nested block (other options) brings the outer runtime back first.
+        with ae.adaptive_eager(backend="aot_eager"):
+            assert _observe_on_stack()
+            y = p.detach() * 2
+        assert not observe.deep
+        torch.testing.assert_close(y, p.detach() * 2)
+        # A probe due at the next safe point brings it back too.
+        for _ in range(40):
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+            if observe.deep:
+                break
+        assert observe.deep
+        monkeypatch.setattr(sess, "_SAFE_POINT_WEIGHT", 10**9)
+        opt.step()
+        assert not observe.deep and _observe_on_stack()
+    assert torch.overrides._get_current_function_mode_stack() == []

@@ -8,17 +8,25 @@
 # a Python-busy thread (``python -m benchmarks.gil_convoy``). That convoy, not the
 # compile itself, was the multi-second stall seen in the first iterations of the AdamW
 # and GPT benchmarks. So Inductor compiles run in one long-lived worker process
-# (``python -m adaptive_eager.runtime.compile_worker``, started on the first compile,
-# at a lower CPU priority) with ``torch._inductor.standalone_compile``; the artifact
-# comes back as a file that the service thread loads in milliseconds, while it waits on
-# a pipe with the GIL released. Only what can cross a process boundary goes there:
-# CPU tensors, graphs that pickle, ops the worker knows (ATen). Anything else (a custom
-# op registered by the program, a worker that died or cannot start) compiles
-# in-process as before: the worker is a way to compile, never a new way to fail.
+# (``_serve`` below, in a fresh interpreter) with ``torch._inductor.standalone_compile``;
+# the artifact comes back as a file that the service thread loads in milliseconds,
+# while it waits on a pipe with the GIL released.
 #
-# Inductor options set with ``torch._inductor.config`` in the program are not seen by
-# the worker; set them through ``TORCHINDUCTOR_*`` environment variables instead
-# (inherited by the worker).
+# The worker starts when a session that compiles with Inductor is made and compiles a
+# two-op graph at once, so that Inductor's one-time set-up (10-17 s here) is paid in
+# the background at start-up, not by the first hot region. It runs at normal
+# priority: at nice 10 it starved on this 2-core machine (still importing sympy 25 s
+# in) while the program kept both cores busy. It still competes for the cores while
+# it compiles: an AdamW step with 2 intra-op threads went from 11 to 32 ms next to one
+# busy process (oversubscription), which is why windows wait for their compiles
+# eagerly and why windows that cannot pay are never compiled (runtime/compiled.py).
+#
+# Only what can cross a process boundary goes there: CPU tensors, graphs that pickle,
+# ops the worker knows (ATen). Anything else (a custom op registered by the program, a
+# worker that died or cannot start) compiles in-process as before: the worker is a way
+# to compile, never a new way to fail. Inductor options set with
+# ``torch._inductor.config`` in the program are not seen by the worker; set them
+# through ``TORCHINDUCTOR_*`` environment variables instead (inherited by the worker).
 
 Example::
 
@@ -33,6 +41,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import pickle
 import subprocess
@@ -43,6 +52,8 @@ from typing import Any, BinaryIO, Callable
 
 import torch
 from torch import fx
+
+log = logging.getLogger("adaptive_eager")
 
 
 class WorkerUnavailable(RuntimeError):
@@ -97,8 +108,11 @@ class _Worker:
         env.pop("ADAPTIVE_EAGER", None)  # the worker compiles; it never runs the runtime
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "adaptive_eager.runtime.compile_worker"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                [sys.executable, "-c", "from adaptive_eager.runtime.compile_worker import _serve; _serve()"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                # The worker's own messages (Inductor warnings) show only when the
+                # program asked for this runtime's debug log.
+                stderr=None if log.isEnabledFor(logging.DEBUG) else subprocess.DEVNULL,
                 env=env, close_fds=True,
             )
         except OSError as e:
@@ -197,6 +211,20 @@ else:  # pragma: no cover - every CPython this project supports has it
     atexit.register(_WORKER.close)
 
 
+def prestart() -> None:
+    """Start the worker now (it imports Inductor and warms it up in the background).
+
+    Called when a session that compiles with Inductor is made, so that the program's
+    first compile does not wait for the worker's start-up. Never raises.
+    """
+    with _WORKER._lock:
+        try:
+            if not _WORKER._closed:
+                _WORKER._start()
+        except WorkerUnavailable:
+            pass
+
+
 def compile_in_worker(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
     """Compile ``gm`` with Inductor in the worker process; the loaded artifact.
 
@@ -210,13 +238,10 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints from compilers must not corrupt the protocol
     inp = sys.stdin.buffer
-    try:
-        os.nice(10)
-    except OSError:
-        pass
     torch.set_num_threads(1)
     from torch._inductor import standalone_compile  # noqa: PLC0415
 
+    _warm_up(standalone_compile)
     while True:
         try:
             payload, path = _recv(inp)
@@ -237,5 +262,15 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
             _send(out, ("compile_error", f"{type(e).__name__}: {e}"[:2000]))
 
 
-if __name__ == "__main__":  # pragma: no cover
-    _serve()
+def _warm_up(standalone_compile: Callable[..., Any]) -> None:  # pragma: no cover - worker
+    """Compile a two-op graph once: Inductor's first graph in a process pays 10-17 s of
+    one-time set-up (codegen, the C++ toolchain probe, caches); paying it at start-up,
+    in this process, makes the program's first real compile take about a second."""
+    try:
+        gm = fx.symbolic_trace(lambda x: (torch.sin(x) + 1,))
+        with torch.no_grad():
+            standalone_compile(gm, [torch.zeros(8)], dynamic_shapes="from_example_inputs")
+    except Exception:  # noqa: BLE001 - only a warm-up; real jobs report their own errors
+        pass
+
+

@@ -100,13 +100,22 @@ class CompiledExecutor:
         self.defer = DeferPolicy(options.adaptive_passthrough,
                                  in_flight=lambda: counters.compiles_in_flight)
         self.should_defer = self.defer.should_defer  # hot: asked on every torch call
+        if options.backend == "inductor":
+            from .compile_worker import prestart  # noqa: PLC0415
+
+            prestart()  # Note [Compile in a subprocess]
         self._eager_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
         self._novel: cachetools.LRUCache = cachetools.LRUCache(max(256, 4 * options.cache_size))
+        self._capture_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
 
     # -- the Executor contract ------------------------------------------------------
     def run(self, window: Window) -> Mapping[int, torch.Tensor]:
         groups = storage_groups(window)
         key, floats = window_key(window, groups)
+        eager_ns = self._eager_ns.get(key)
+        if eager_ns is not None and self.demote and self.defer.enabled and \
+                not self._pays(key, eager_ns, len(window.nodes)):
+            return self._run_unpaying(window, key, eager_ns)
         plan = self.plans.get(key)
         first = plan is None
         if first:
@@ -161,6 +170,8 @@ class CompiledExecutor:
         # only remembered; the plan is made when the window comes back.
         env: dict[int, torch.Tensor] = dict(window.inputs)
         t0 = time.perf_counter_ns()
+        if window.opened_ns:
+            self._capture_ns[key] = t0 - window.opened_ns
         with replay_guard():
             for node in window.nodes:
                 run_node(node, env)
@@ -170,9 +181,47 @@ class CompiledExecutor:
         self.defer.note_window(len(window.nodes), False, novel=True)
         return {vid: env[vid] for vid in window.outputs}
 
-    def should_defer(self) -> bool:
-        """O(1): whether the mode should keep deferring ops (``passthrough.DeferPolicy``)."""
-        return self.defer.should_defer()
+    def _pays(self, key: Any, eager_ns: int, n_ops: int) -> bool:
+        """Whether the window's eager run outweighs capturing it (Note [Windows that cannot
+        pay for their capture are not compiled]). Both are measured on the window's first
+        sighting, in the same conditions, and lowered to the minimum over later
+        sightings that run eagerly: a busy machine inflates both alike, where a fixed
+        per-op capture cost would make every window look worth compiling."""
+        cap = self._capture_ns.get(key)
+        if cap is None:
+            return pays_for_capture(eager_ns, n_ops)
+        return eager_ns >= cap
+
+    def _run_unpaying(self, window: Window, key: Any, eager_ns: int) -> Mapping[int, torch.Tensor]:
+        # Note [Windows that cannot pay for their capture are not compiled]
+        # A window whose eager run takes less than capturing its ops took (measured
+        # from its first op to its flush on its first sighting; ``_pays``) loses to
+        # eager however well it fuses, so it is neither
+        # planned nor compiled: it is replayed, timed again (the kept time is the
+        # minimum, as a busy machine only ever inflates it), and counts against
+        # deferral. AdamW's 256-op windows (2-3 ms eager, ~4 ms to capture) are the
+        # case: compiling them cost a 2-core machine tens of seconds of contended CPU
+        # for a result that could not beat eager.
+        env: dict[int, torch.Tensor] = dict(window.inputs)
+        t0 = time.perf_counter_ns()
+        cap = self._capture_ns.get(key)
+        if window.opened_ns and cap is not None:
+            # The first sighting's capture ran metadata kernels cold (memo misses).
+            self._capture_ns[key] = min(cap, t0 - window.opened_ns)
+        with replay_guard():
+            for node in window.nodes:
+                run_node(node, env)
+        self._eager_ns[key] = min(eager_ns, time.perf_counter_ns() - t0)
+        self.counters.ops_eager += len(window.nodes)
+        self.defer.note_window(len(window.nodes), False)
+        return {vid: env[vid] for vid in window.outputs}
+
+    def should_defer(self, weight: int = 1) -> bool:
+        """O(1): whether the mode should keep deferring ops (``passthrough.DeferPolicy``).
+
+        (Each instance binds this name to its policy's method directly: it is asked on
+        every torch call.)"""
+        return self.defer.should_defer(weight)
 
     # -- planning -------------------------------------------------------------------
     def _plan(self, window: Window, groups: Mapping[int, int]) -> Plan:

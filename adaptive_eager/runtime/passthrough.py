@@ -97,14 +97,16 @@ class DeferPolicy:
             if self.enabled and self._streak >= self.patience:
                 self._defer = False
 
-    def should_defer(self) -> bool:
+    def should_defer(self, weight: int = 1) -> bool:
+        """O(1). ``weight``: how many calls this one stands for (a safe point at the end
+        of an optimizer step stands for a step's worth of torch calls)."""
         if self._defer:
             return True
         if self._waiting and self._in_flight() == 0:  # type: ignore[misc]
             self._waiting = False
             self._defer = True
             return True
-        self._calls += 1
+        self._calls += weight
         if self._calls >= self.probe_every:
             self._calls = 0
             return True
