@@ -619,8 +619,8 @@ def test_deep_parked_runtime_comes_back_at_a_safe_point_and_for_a_nested_block(m
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(16, 32)
     p = m[0].bias
-    with ae.adaptive_eager(backend="eager"):
-        observe = _stack()[-1][1]
+
+    def train_until_deep():
         for _ in range(40):
             loss = m(x).pow(2).mean()
             loss.backward()
@@ -628,7 +628,11 @@ def test_deep_parked_runtime_comes_back_at_a_safe_point_and_for_a_nested_block(m
             opt.zero_grad()
             loss.item()
             if observe.deep:
-                break
+                return
+
+    with ae.adaptive_eager(backend="eager"):
+        observe = _stack()[-1][1]
+        train_until_deep()
         assert observe.deep and not _observe_on_stack()
         # A nested block (other options) brings the outer runtime back first.
         with ae.adaptive_eager(backend="aot_eager"):
@@ -637,14 +641,7 @@ def test_deep_parked_runtime_comes_back_at_a_safe_point_and_for_a_nested_block(m
         assert not observe.deep
         torch.testing.assert_close(y, p.detach() * 2)
         # A probe due at the next safe point brings it back too.
-        for _ in range(40):
-            loss = m(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            loss.item()
-            if observe.deep:
-                break
+        train_until_deep()
         assert observe.deep
         monkeypatch.setattr(sess, "_SAFE_POINT_WEIGHT", 10**9)
         opt.step()
