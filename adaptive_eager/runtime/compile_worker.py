@@ -12,14 +12,14 @@
 # the artifact comes back as a file that the service thread loads in milliseconds,
 # while it waits on a pipe with the GIL released.
 #
-# The worker starts when a session that compiles with Inductor is made and compiles a
-# two-op graph at once, so that Inductor's one-time set-up (10-17 s here) is paid in
-# the background at start-up, not by the first hot region. It runs at normal
-# priority: at nice 10 it starved on this 2-core machine (still importing sympy 25 s
-# in) while the program kept both cores busy. It still competes for the cores while
-# it compiles: an AdamW step with 2 intra-op threads went from 11 to 32 ms next to one
-# busy process (oversubscription), which is why windows wait for their compiles
-# eagerly and why windows that cannot pay are never compiled (runtime/compiled.py).
+# The worker starts with the first compile, not with the session: it competes for the
+# cores while it works (an AdamW step with 2 intra-op threads went from 11 to 32 ms
+# next to one busy process on this 2-core machine), so a program that never compiles
+# must not pay for it (starting it with the session and warming Inductor up there
+# made the benchmark's AdamW step 45 ms, from 25, for its first 15 s). That is also why
+# windows wait for their compiles eagerly and why windows that cannot pay are never
+# compiled (runtime/compiled.py). It runs at normal priority: at nice 10 it starved
+# (still importing sympy 25 s in) while the program kept both cores busy.
 #
 # Only what can cross a process boundary goes there: CPU tensors, graphs that pickle,
 # ops the worker knows (ATen). Anything else (a custom op registered by the program, a
@@ -211,20 +211,6 @@ else:  # pragma: no cover - every CPython this project supports has it
     atexit.register(_WORKER.close)
 
 
-def prestart() -> None:
-    """Start the worker now (it imports Inductor and warms it up in the background).
-
-    Called when a session that compiles with Inductor is made, so that the program's
-    first compile does not wait for the worker's start-up. Never raises.
-    """
-    with _WORKER._lock:
-        try:
-            if not _WORKER._closed:
-                _WORKER._start()
-        except WorkerUnavailable:
-            pass
-
-
 def compile_in_worker(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
     """Compile ``gm`` with Inductor in the worker process; the loaded artifact.
 
@@ -241,7 +227,6 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
     torch.set_num_threads(1)
     from torch._inductor import standalone_compile  # noqa: PLC0415
 
-    _warm_up(standalone_compile)
     while True:
         try:
             payload, path = _recv(inp)
@@ -260,17 +245,5 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
             _send(out, ("ok", None))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
             _send(out, ("compile_error", f"{type(e).__name__}: {e}"[:2000]))
-
-
-def _warm_up(standalone_compile: Callable[..., Any]) -> None:  # pragma: no cover - worker
-    """Compile a two-op graph once: Inductor's first graph in a process pays 10-17 s of
-    one-time set-up (codegen, the C++ toolchain probe, caches); paying it at start-up,
-    in this process, makes the program's first real compile take about a second."""
-    try:
-        gm = fx.symbolic_trace(lambda x: (torch.sin(x) + 1,))
-        with torch.no_grad():
-            standalone_compile(gm, [torch.zeros(8)], dynamic_shapes="from_example_inputs")
-    except Exception:  # noqa: BLE001 - only a warm-up; real jobs report their own errors
-        pass
 
 

@@ -100,10 +100,6 @@ class CompiledExecutor:
         self.defer = DeferPolicy(options.adaptive_passthrough,
                                  in_flight=lambda: counters.compiles_in_flight)
         self.should_defer = self.defer.should_defer  # hot: asked on every torch call
-        if options.backend == "inductor":
-            from .compile_worker import prestart  # noqa: PLC0415
-
-            prestart()  # Note [Compile in a subprocess]
         self._eager_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
         self._novel: cachetools.LRUCache = cachetools.LRUCache(max(256, 4 * options.cache_size))
         self._capture_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
