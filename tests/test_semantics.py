@@ -647,3 +647,24 @@ def test_deep_parked_runtime_comes_back_at_a_safe_point_and_for_a_nested_block(m
         opt.step()
         assert not observe.deep and _observe_on_stack()
     assert torch.overrides._get_current_function_mode_stack() == []
+
+
+def test_attention_without_dropout_is_recorded_not_flushed():
+    """Note [Attention without dropout is not random]: SDPA with dropout_p=0 stays in the
+    window (values and grads equal eager); with dropout it still draws eagerly."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    ref = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    ref.sum().backward()
+    g_ref, q.grad = q.grad.clone(), None
+    with mode():
+        y = F.scaled_dot_product_attention(q, q, q, is_causal=True) * 2
+        y.sum().backward()
+        assert "random" not in session.counters().flushes
+    assert torch.equal(y / 2, ref) and torch.equal(q.grad / 2, g_ref)
+    torch.manual_seed(1)
+    d_ref = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    with mode():
+        torch.manual_seed(1)
+        d = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    assert torch.equal(d, d_ref)

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
@@ -287,6 +288,17 @@ class AdaptiveEagerMode(TorchDispatchMode):
         # does not read the values it overwrites: it fills a fresh real tensor of the
         # same layout now, and the window records a copy_ into the target, so the
         # surrounding ops (dropout's scale and multiply) stay deferred and fusible.
+        if traits.dropout_arg is not None:
+            # Note [Attention without dropout is not random]
+            # SDPA's kernels are tagged nondeterministic_seeded for their dropout; with
+            # dropout_p == 0 (inference, or attention without dropout) they draw
+            # nothing, so they are recorded like any op instead of flushing the window
+            # (which cut a GPT training step into pieces at every attention layer).
+            where = traits.dropout_arg
+            p = kwargs.get(where, 0.0) if isinstance(where, str) else (
+                args[where] if where < len(args) else kwargs.get("dropout_p", 0.0))
+            if isinstance(p, (int, float)) and p == 0:
+                return self._on_record(func, _as_record(traits), args, kwargs)
         rest_unbound = _has_unbound((args[1:], tuple(kwargs.values())))
         if func is _NATIVE_DROPOUT and not rest_unbound and type(args[0]) is LazyTensor:
             return self._native_dropout(*args, **kwargs)
@@ -455,6 +467,11 @@ def _dispatch_unless_dynamo(raw: Any) -> Any:
 AdaptiveEagerMode.__torch_dispatch__ = _dispatch_unless_dynamo(  # type: ignore[method-assign]
     getattr(AdaptiveEagerMode.__dict__["__torch_dispatch__"], "__wrapped__",
             AdaptiveEagerMode.__dict__["__torch_dispatch__"]))
+
+
+@functools.lru_cache(maxsize=None)
+def _as_record(traits: OpTraits) -> OpTraits:
+    return dataclasses.replace(traits, kind=Kind.RECORD, dropout_arg=None)
 
 
 def _release(h: LazyTensor) -> bool:

@@ -59,6 +59,9 @@ class OpTraits:
     reason: str = ""
     random_fill: bool = False
     is_view: bool = False
+    # RANDOM ops with a ``dropout_p`` argument (the SDPA kernels): its position or name.
+    # With dropout_p == 0 they draw nothing and are recorded like any op.
+    dropout_arg: int | str | None = None
 
 
 # Ops that answer from metadata alone, though they return Python values.
@@ -153,7 +156,10 @@ def derive_traits(func: torch._ops.OpOverload) -> OpTraits:
         writes_return = writes_return or info.is_write
     if torch.Tag.nondeterministic_seeded in tags:
         fill = name in _RANDOM_FILL and mutated == [0]
-        return OpTraits(Kind.RANDOM, tuple(mutated), tuple(return_alias), random_fill=fill)
+        dropout = next(((a.name if a.kwarg_only else i) for i, a in enumerate(schema.arguments)
+                        if a.name == "dropout_p"), None)
+        return OpTraits(Kind.RANDOM, tuple(mutated), tuple(return_alias), random_fill=fill,
+                        dropout_arg=dropout)
     is_view = not mutated and any(a is not None for a in return_alias)
     kind = Kind.VIEW if is_view else Kind.RECORD
     return OpTraits(kind, tuple(mutated), tuple(return_alias), is_view=is_view)
