@@ -70,6 +70,10 @@ def _rss_mb() -> Optional[float]:
         return None
 
 
+# Iterations in a row with no compile in flight before the timed loop starts.
+SETTLE_QUIET = 3
+
+
 def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Optional[int] = None,
             threads: int = 2, seed: int = 0, quick: bool = False,
             adaptive_options: Optional[Dict[str, Any]] = None, settle_s: float = 60.0,

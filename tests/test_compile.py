@@ -347,3 +347,24 @@ def test_inductor_compiles_in_a_worker_process_and_falls_back_in_process(monkeyp
     got2 = p.clone()
     torch.testing.assert_close(fn2(got2, g, 0.1)[0], ref_sum)
     torch.testing.assert_close(got2, ref)
+
+
+def test_reshaped_windows_stop_deferral_sooner():
+    """The same ops on a new shape each time (a changing sequence length) count 8-fold
+    towards passing through: after a handful, not ``novel_patience``, windows."""
+    from adaptive_eager import config
+    from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
+    from adaptive_eager.runtime import make_executor
+    from adaptive_eager.runtime.passthrough import RESHAPED_WEIGHT
+
+    ex = make_executor(config.resolve(backend="eager"), session.counters())
+    aten = torch.ops.aten
+    needed = 1 + -(-(ex.defer.novel_patience - 1) // RESHAPED_WEIGHT)
+    for n in range(1, needed + 1):
+        assert ex.should_defer()
+        x = torch.randn(n, 3)
+        s = TensorSpec.of(x)
+        nodes = tuple(OpNode(aten.mul.Tensor, (ValueRef(i), 1.1), (), (i + 1,)) for i in range(6))
+        ex.run(Window({0: x}, nodes, {i: s for i in range(7)}, frozenset({6})))
+    assert needed < ex.defer.novel_patience // 4
+    assert not ex.should_defer()

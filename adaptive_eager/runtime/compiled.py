@@ -103,6 +103,7 @@ class CompiledExecutor:
         self._eager_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
         self._novel: cachetools.LRUCache = cachetools.LRUCache(max(256, 4 * options.cache_size))
         self._capture_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
+        self._novel_ops: cachetools.LRUCache = cachetools.LRUCache(256)
 
     # -- the Executor contract ------------------------------------------------------
     def run(self, window: Window) -> Mapping[int, torch.Tensor]:
@@ -174,7 +175,10 @@ class CompiledExecutor:
         self._novel[key] = True
         self._eager_ns[key] = time.perf_counter_ns() - t0
         self.counters.ops_eager += len(window.nodes)
-        self.defer.note_window(len(window.nodes), False, novel=True)
+        ops = tuple(node.target for node in window.nodes)  # the window without its shapes
+        reshaped = ops in self._novel_ops
+        self._novel_ops[ops] = True
+        self.defer.note_window(len(window.nodes), False, novel=True, reshaped=reshaped)
         return {vid: env[vid] for vid in window.outputs}
 
     def _pays(self, key: Any, eager_ns: int, n_ops: int) -> bool:

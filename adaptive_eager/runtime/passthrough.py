@@ -38,6 +38,9 @@ from typing import Callable
 # towards passing through.)
 CAPTURE_NS_PER_OP = 15_000
 
+# How many novel windows one "reshaped" novel window counts for (DeferPolicy.note_window).
+RESHAPED_WEIGHT = 8
+
 
 def pays_for_capture(eager_ns: float, n_ops: int) -> bool:
     """Whether a window whose eager run took ``eager_ns`` is worth capturing."""
@@ -64,7 +67,7 @@ class DeferPolicy:
         self._calls = 0
 
     def note_window(self, n_ops: int, worth: bool, novel: bool = False,
-                    pending: bool = False) -> None:
+                    pending: bool = False, reshaped: bool = False) -> None:
         """Record one flushed window: ``worth`` when it held a region worth compiling;
         ``novel`` for a window never seen before (its worth is unknown yet).
 
@@ -84,7 +87,11 @@ class DeferPolicy:
             return
         if novel:
             if n_ops >= 4:
-                self._novel_streak += 1
+                # ``reshaped``: the same ops as a window seen before, on other shapes (a
+                # sequence length that changes every step). Such windows will not recur
+                # either, and capturing each costs its ops' metadata kernels afresh
+                # (~0.5 ms per op for torch's Python ones), so they count 8-fold.
+                self._novel_streak += RESHAPED_WEIGHT if reshaped else 1
                 if self.enabled and self._novel_streak >= self.novel_patience:
                     self._defer = False
             return
