@@ -54,9 +54,11 @@ class DeferPolicy:
     """
 
     def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
-                 novel_patience: int = 48, in_flight: Callable[[], int] | None = None):
+                 novel_patience: int = 48, in_flight: Callable[[], int] | None = None,
+                 on_wait: Callable[[bool], None] | None = None):
         self.enabled = enabled
         self._in_flight = in_flight
+        self._on_wait = on_wait  # told when a compile wait starts (True) and ends (False)
         self._waiting = False
         self.patience = patience
         self.probe_every = probe_every
@@ -82,6 +84,8 @@ class DeferPolicy:
         """
         if pending:
             if self.enabled and self._in_flight is not None:
+                if not self._waiting and self._on_wait is not None:
+                    self._on_wait(True)
                 self._waiting = True
                 self._defer = False
             return
@@ -112,6 +116,8 @@ class DeferPolicy:
         if self._waiting and self._in_flight() == 0:  # type: ignore[misc]
             self._waiting = False
             self._defer = True
+            if self._on_wait is not None:
+                self._on_wait(False)
             return True
         self._calls += weight
         if self._calls >= self.probe_every:
