@@ -71,7 +71,7 @@ def _rss_mb() -> Optional[float]:
 
 
 # Iterations in a row with no compile in flight before the timed loop starts.
-SETTLE_QUIET = 3
+SETTLE_QUIET = 5
 
 
 def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Optional[int] = None,
@@ -138,15 +138,20 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
         if api is not None:
             # Let background compiles started during warmup land, so the timed
             # loop measures the steady state (bounded by settle_s).
+            # A compile can also start a few iterations after warmup (a window is
+            # compiled on a later sighting than its first, or after the one before it
+            # lands), so settle until none has been in flight for SETTLE_QUIET
+            # consecutive iterations.
             deadline = time.perf_counter() + settle_s
             if n_warm:
-                while (api.stats().get("compiles_in_flight") or 0) > 0 and time.perf_counter() < deadline:
+                quiet = 0
+                while quiet < SETTLE_QUIET and time.perf_counter() < deadline:
+                    if (api.stats().get("compiles_in_flight") or 0) > 0:
+                        quiet = 0
+                    else:
+                        quiet += 1
                     warm_times.append(one())
                     extra_warm += 1
-                if extra_warm:
-                    for _ in range(2):
-                        warm_times.append(one())
-                        extra_warm += 1
             before = api.stats()
         if wl.on_timed_start:
             wl.on_timed_start()
