@@ -53,6 +53,11 @@ def _inductor(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         log.debug("compiling in-process: %s", e)
     from torch._inductor.compile_fx import compile_fx
 
+    from .compile_worker import THREADS_META
+
+    threads = gm.meta.get(THREADS_META)
+    if threads:  # this thread's count is what Inductor writes into its kernels
+        torch.set_num_threads(threads)
     with torch.no_grad():
         return compile_fx(gm, example_inputs)
 

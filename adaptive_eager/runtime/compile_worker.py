@@ -56,6 +56,12 @@ from torch import fx
 log = logging.getLogger("adaptive_eager")
 
 
+# gm.meta key: the program's intra-op thread count when the compile was submitted
+# (CompileService.submit sets it). Inductor bakes the count into its CPU kernels, so a
+# worker compiling with its own (1) made every compiled region single-threaded.
+THREADS_META = "adaptive_eager_num_threads"
+
+
 class WorkerUnavailable(RuntimeError):
     """The job cannot go to the worker (or the worker failed); compile in-process."""
 
@@ -123,8 +129,9 @@ class _Worker:
         return self._proc
 
     def compile(self, gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        threads = gm.meta.get(THREADS_META) or torch.get_num_threads()
         try:
-            payload = pickle.dumps((gm, [_describe(x) for x in example_inputs]))
+            payload = pickle.dumps((gm, [_describe(x) for x in example_inputs], threads))
         except WorkerUnavailable:
             raise
         except Exception as e:  # noqa: BLE001 - unpicklable graph: compile in-process
@@ -233,8 +240,11 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
         except EOFError:
             return
         try:
-            gm, described = pickle.loads(payload)
+            gm, described, threads = pickle.loads(payload)
             example = [_rebuild(d) for d in described]
+            # Inductor writes the thread count into its CPU kernels (parallel_num_threads):
+            # compile for the program's, not this process's.
+            torch.set_num_threads(threads)
         except Exception as e:  # noqa: BLE001
             _send(out, ("unavailable", f"worker cannot load the graph: {type(e).__name__}: {e}"))
             continue

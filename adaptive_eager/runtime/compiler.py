@@ -29,8 +29,10 @@ import threading
 import time
 from typing import Any, Callable
 
+import torch
+
 from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
-from .compile_worker import Exiting
+from .compile_worker import THREADS_META, Exiting
 from .counters import Counters
 
 log = logging.getLogger("adaptive_eager")
@@ -98,6 +100,9 @@ class CompileService:
         except Exception as e:  # noqa: BLE001 - lowering failure: region stays eager
             self.fail(entry, f"lowering failed: {type(e).__name__}: {e}")
             return
+        meta = getattr(gm, "meta", None)
+        if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels
+            meta[THREADS_META] = torch.get_num_threads()
         entry.state = COMPILING
         entry.submitted_at = time.monotonic()
         with self.counters.lock:
