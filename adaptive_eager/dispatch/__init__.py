@@ -2,7 +2,8 @@
 
 from .lazy import DeferredError, LazyTensor, suspended
 from .meta import MetaMemo
-from .mode import AdaptiveEagerMode, ObserveMode
+from .mode import AdaptiveEagerMode
+from .observe import ObserveMode
 from .optable import Kind, OpTable, OpTraits
 
 __all__ = [

@@ -4,14 +4,15 @@
 calls one named handler. The mode owns the state (the open window, counters,
 executor); LazyTensor handles are thin and point back to it.
 
-Companion: :class:`ObserveMode`, a TorchFunctionMode that sees Python-level reads
-of plain tensors (Note [Observation on CPU]).
+Companion: :class:`~adaptive_eager.dispatch.observe.ObserveMode`, a TorchFunctionMode
+that sees Python-level reads of plain tensors (Note [Observation on CPU]).
 
 Example::
 
     >>> import torch
     >>> from adaptive_eager import config
     >>> from adaptive_eager.runtime import EagerExecutor, Counters
+    >>> from adaptive_eager.dispatch.observe import ObserveMode
     >>> mode = AdaptiveEagerMode(config.resolve(backend="eager"), EagerExecutor(), Counters())
     >>> with mode, ObserveMode(mode):
     ...     y = torch.ones(3) + 1
@@ -24,29 +25,24 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import sys
 import threading
 import weakref
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ..config import Options
 from ..runtime import Counters, Executor
 from .lazy import _TLS as _LAZY_TLS
-from .lazy import LazyTensor, suspended, unwrap_all
+from .lazy import LazyTensor, unwrap_all
 from .meta import MetaFailure, MetaMemo
 from .optable import Kind, OpTable, OpTraits
 from .recorder import OutputMismatch, Recorder
+from .release import release
 from .source import user_source
 
-_current_function_mode = torch.overrides._get_current_function_mode
-_pop_function_mode = torch._C._pop_torch_function_stack
-_push_function_mode = torch._C._push_on_torch_function_stack
-_function_stack_len = torch._C._len_torch_function_stack
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _get_infra_mode = torch._C._get_dispatch_mode
 
@@ -207,7 +203,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
             h = refs.pop()()
             if h is None or type(h) is not LazyTensor or h._ae_real is None:
                 continue
-            if _release(h):
+            if release(h):
                 released += 1
             del h
         self.counters.handles_released += released
@@ -474,29 +470,6 @@ def _as_record(traits: OpTraits) -> OpTraits:
     return dataclasses.replace(traits, kind=Kind.RECORD, dropout_arg=None)
 
 
-def _release(h: LazyTensor) -> bool:
-    """Swap bound handle ``h`` with its real tensor if nothing else holds either."""
-    real = h._ae_real
-    if h.requires_grad or real.requires_grad or type(real) is not torch.Tensor:
-        return False
-    # The program's references to h all see the swap (that is the point); a holder of
-    # `real` (besides h.__dict__, the local name and getrefcount's argument) would be
-    # left with the empty wrapper, so then nothing is swapped.
-    if sys.getrefcount(real) > 3:
-        return False
-    if h._use_count() != 1 or real._use_count() != 1 or weakref.getweakrefs(h) \
-            or weakref.getweakrefs(real):
-        return False
-    try:
-        torch.utils.swap_tensors(h, real)
-    except RuntimeError:
-        return False
-    # `real` is now the (empty) wrapper and carries h's attributes: bind it to h, the
-    # plain tensor, so that any stray reference still reads the value.
-    real._ae_real = h
-    return True
-
-
 _SYNC_REASONS = {
     "aten::_local_scalar_dense": "item",
     "aten::is_nonzero": "bool",
@@ -521,25 +494,6 @@ def _to_meta(obj: Any) -> Any:
     return obj
 
 
-# Note [Observation on CPU]
-# Reading a plain CPU tensor (print, numpy, tolist, data_ptr) dispatches no ATen op,
-# so a deferred in-place update of a real tensor (a parameter after a deferred
-# optimizer step) would be read stale. ObserveMode sees those Python-level reads
-# and flushes first. Handles need no such help: LazyTensor overrides these methods.
-_OBSERVERS = {
-    getattr(torch.Tensor, name): name
-    for name in (
-        "__repr__", "__format__", "numpy", "tolist", "__array__", "data_ptr", "__dlpack__",
-        "untyped_storage", "storage", "_typed_storage", "__reduce_ex__", "__deepcopy__",
-        "__setstate__", "__getstate__",
-    )
-    if hasattr(torch.Tensor, name)
-}
-
-
-_COPYING_OBSERVERS = {"__repr__", "__format__", "tolist", "__reduce_ex__", "__deepcopy__", "__getstate__"}
-
-
 def _tensors(args: tuple, kwargs: dict) -> list:
     out: list = []
     for a in (*args, *kwargs.values()):
@@ -550,69 +504,4 @@ def _tensors(args: tuple, kwargs: dict) -> list:
     return out
 
 
-class ObserveMode(TorchFunctionMode):
-    """Flushes ``mode`` before a Python-level read of any tensor's data."""
-
-    def __init__(self, mode: AdaptiveEagerMode):
-        super().__init__()
-        self.mode = mode
-        self.deep = False
-        self._depth = 0
-
-    # Note [Deep parking]
-    # Parked, the mode still costs ObserveMode's Python call on every torch function
-    # (~1.5 µs; an AdamW step makes 1,700 of them: 15-25% of its eager time). At a safe
-    # point (the end of an optimizer step, see session.py) a parked runtime takes
-    # ObserveMode off the torch-function stack too, and ops run with no Python in
-    # between. Nothing is pending while parked, so no read needs a flush. The next safe
-    # point asks the policy (its probes, or the end of a compile wait) and puts
-    # ObserveMode back, which unparks the mode on the next torch call. Only when
-    # ObserveMode is the top of the stack (and, to come back, when the stack is as it
-    # was left) does this happen, so that a mode the program entered meanwhile keeps
-    # its place.
-    def deep_park(self) -> bool:
-        """Leave the torch-function stack while the mode is parked; True if it left."""
-        if self.deep or not self.mode._parked or _current_function_mode() is not self:
-            return False
-        _pop_function_mode()
-        self.deep = True
-        self._depth = _function_stack_len()
-        return True
-
-    def resume(self) -> bool:
-        """Back on the torch-function stack after :meth:`deep_park`; True if it came back."""
-        if not self.deep or _function_stack_len() != self._depth:
-            return False
-        _push_function_mode(self)
-        self.deep = False
-        return True
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-        mode = self.mode
-        if mode._parked:
-            # Fast path: parked means nothing is pending in this thread, so no read
-            # needs a flush, and ops pass straight through unless the policy probes.
-            if not mode._should_defer():
-                return func(*args, **kwargs) if kwargs else func(*args)
-            mode.unpark()
-        kwargs = kwargs or {}
-        should_defer = mode._should_defer
-        if should_defer is not None and not mode.recorder.nodes:
-            if not should_defer():
-                mode.park()  # Note [Parking the mode]
-        name = _OBSERVERS.get(func)
-        if name is not None:
-            if len(self.mode.recorder):
-                # Copies out (repr, tolist, pickle) need only their tensors' values; what
-                # exposes memory (numpy, data_ptr, storage, dlpack) can be written through,
-                # so everything pending runs first.
-                targets = _tensors(args, kwargs) if name in _COPYING_OBSERVERS else None
-                self.mode.flush(f"observe:{name.strip('_')}", user_source(2), targets=targets)
-            # The read itself runs ops (numpy() and storage() detach, repr formats):
-            # on real tensors, for real, or it would read a handle's empty storage.
-            with suspended():
-                return func(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
-__all__ = ["AdaptiveEagerMode", "ObserveMode"]
+__all__ = ["AdaptiveEagerMode"]
