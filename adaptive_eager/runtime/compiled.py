@@ -206,21 +206,28 @@ class CompiledExecutor:
         # partitioning and lowering each one. So a first sighting is replayed eagerly,
         # timed (the eager cost the pass-through policy weighs against capture), and
         # only remembered; the plan is made when the window comes back.
-        env: dict[int, torch.Tensor] = dict(window.inputs)
-        t0 = time.perf_counter_ns()
-        if window.opened_ns:
-            self._capture_ns[key] = t0 - window.opened_ns
-        with replay_guard():
-            for node in window.nodes:
-                run_node(node, env)
+        values, capture_ns, eager_ns = self._replay_timed(window)
+        if capture_ns is not None:
+            self._capture_ns[key] = capture_ns
         self._novel[key] = True
-        self._eager_ns[key] = time.perf_counter_ns() - t0
-        self.counters.ops_eager += len(window.nodes)
+        self._eager_ns[key] = eager_ns
         ops = tuple(node.target for node in window.nodes)  # the window without its shapes
         reshaped = ops in self._novel_ops
         self._novel_ops[ops] = True
         self.defer.note_window(len(window.nodes), False, novel=True, reshaped=reshaped)
-        return {vid: env[vid] for vid in window.outputs}
+        return values
+
+    def _replay_timed(self, window: Window) -> tuple[dict[int, torch.Tensor], int | None, int]:
+        """Run every node eagerly: (outputs, capture time or None, eager time), in ns."""
+        env: dict[int, torch.Tensor] = dict(window.inputs)
+        t0 = time.perf_counter_ns()
+        with replay_guard():
+            for node in window.nodes:
+                run_node(node, env)
+        eager_ns = time.perf_counter_ns() - t0
+        self.counters.ops_eager += len(window.nodes)
+        capture_ns = t0 - window.opened_ns if window.opened_ns else None
+        return {vid: env[vid] for vid in window.outputs}, capture_ns, eager_ns
 
     def _pays(self, key: Any, eager_ns: int, n_ops: int) -> bool:
         """Whether the window's eager run outweighs capturing it (Note [Windows that cannot
@@ -237,25 +244,20 @@ class CompiledExecutor:
         # Note [Windows that cannot pay for their capture are not compiled]
         # A window whose eager run takes less than capturing its ops took (measured
         # from its first op to its flush on its first sighting; ``_pays``) loses to
-        # eager however well it fuses, so it is neither
-        # planned nor compiled: it is replayed, timed again (the kept time is the
+        # eager however well it fuses, so it is neither planned nor compiled: it is
+        # replayed, timed again (the kept time is the
         # minimum, as a busy machine only ever inflates it), and counts against
         # deferral. AdamW's 256-op windows (2-3 ms eager, ~4 ms to capture) are the
         # case: compiling them cost a 2-core machine tens of seconds of contended CPU
         # for a result that could not beat eager.
-        env: dict[int, torch.Tensor] = dict(window.inputs)
-        t0 = time.perf_counter_ns()
+        values, capture_ns, ran_ns = self._replay_timed(window)
         cap = self._capture_ns.get(key)
-        if window.opened_ns and cap is not None:
+        if capture_ns is not None and cap is not None:
             # The first sighting's capture ran metadata kernels cold (memo misses).
-            self._capture_ns[key] = min(cap, t0 - window.opened_ns)
-        with replay_guard():
-            for node in window.nodes:
-                run_node(node, env)
-        self._eager_ns[key] = min(eager_ns, time.perf_counter_ns() - t0)
-        self.counters.ops_eager += len(window.nodes)
+            self._capture_ns[key] = min(cap, capture_ns)
+        self._eager_ns[key] = min(eager_ns, ran_ns)
         self.defer.note_window(len(window.nodes), False)
-        return {vid: env[vid] for vid in window.outputs}
+        return values
 
     def should_defer(self, weight: int = 1) -> bool:
         """O(1): whether the mode should keep deferring ops (``passthrough.DeferPolicy``).
