@@ -121,7 +121,7 @@ _SAFE_POINT_WEIGHT = 100
 
 def _safe_point(*_: Any) -> None:
     """The end of an optimizer step: deep-park a parked runtime, or bring it back when
-    the policy wants to capture again (Note [Deep parking], dispatch/mode.py)."""
+    the policy wants to capture again (Note [Deep parking], dispatch/observe.py)."""
     st = getattr(_TLS, "stack", None)
     if not st:
         return
