@@ -27,7 +27,7 @@ from ._logging import log
 from .statistics import ROUTINE_REASONS, Stats
 
 # Reason (as recorded by the mode) -> what to change. Keys are the flush reasons of
-# dispatch/mode.py and dispatch/lazy.py, with any "observe:" prefix removed.
+# dispatch/mode.py, dispatch/observe.py and dispatch/lazy.py, with any "observe:" prefix removed.
 ADVICE: dict[str, str] = {
     "item": ".item() in a loop: keep the value as a tensor (accumulate with +=) "
             "or read it every N steps",
