@@ -45,15 +45,13 @@ class BackendUnavailable(RuntimeError):
 
 
 def _inductor(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
-    from .compile_worker import WorkerUnavailable, compile_in_worker
+    from .compile_worker import THREADS_META, WorkerUnavailable, compile_in_worker
 
     try:
         return compile_in_worker(gm, example_inputs)  # Note [Compile in a subprocess]
     except WorkerUnavailable as e:
         log.debug("compiling in-process: %s", e)
     from torch._inductor.compile_fx import compile_fx
-
-    from .compile_worker import THREADS_META
 
     threads = gm.meta.get(THREADS_META)
     if threads:  # this thread's count is what Inductor writes into its kernels

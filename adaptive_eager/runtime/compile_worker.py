@@ -41,6 +41,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import pickle
@@ -103,6 +104,7 @@ class _Worker:
         self._dir: str | None = None
         self._broken: str | None = None
         self._closed = False
+        self._jobs = itertools.count()  # artifact file names
 
     def _start(self) -> subprocess.Popen:
         if self._proc is not None and self._pid == os.getpid() and self._proc.poll() is None:
@@ -141,7 +143,7 @@ class _Worker:
         with self._lock:
             proc = self._start()
             assert self._dir is not None
-            path = os.path.join(self._dir, f"{len(os.listdir(self._dir))}.bin")
+            path = os.path.join(self._dir, f"{next(self._jobs)}.bin")
             try:
                 _send(proc.stdin, (payload, path))
                 status, detail = _recv(proc.stdout)
@@ -174,16 +176,10 @@ class _Worker:
                 pass
 
     def close(self) -> None:
-        """Stop the worker at interpreter exit; compiles waiting on it are abandoned."""
+        """Stop the worker at interpreter exit; a compile in progress is abandoned, not
+        awaited (the thread waiting on it sees :class:`Exiting`)."""
         self._closed = True
-        proc, self._proc = self._proc, None
-        if proc is None or self._pid != os.getpid():
-            return
-        try:
-            proc.kill()  # a compile in progress is abandoned, not awaited
-            proc.wait(timeout=5)
-        except Exception:  # noqa: BLE001 - best effort at teardown
-            pass
+        self._kill()
 
 
 def _send(stream: BinaryIO, obj: Any) -> None:

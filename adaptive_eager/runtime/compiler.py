@@ -126,14 +126,14 @@ class CompileService:
         finally:
             sys.setswitchinterval(switch)
         dt = time.perf_counter() - t0
-        if isinstance(err, Exiting):  # the interpreter is exiting: nothing to report
-            with self.counters.lock:
-                self.counters.compiles_in_flight -= 1
-            entry.state, entry.fn, entry.reason = EAGER_ONLY, None, str(err)
-            return
+        exiting = isinstance(err, Exiting)
         with self.counters.lock:
             self.counters.compiles_in_flight -= 1
-            self.counters.compile_time_s += dt
+            if not exiting:
+                self.counters.compile_time_s += dt
+        if exiting:  # the interpreter is exiting: nothing to report
+            entry.state, entry.fn, entry.reason = EAGER_ONLY, None, str(err)
+            return
         if entry.state != COMPILING:  # timed out meanwhile
             return
         if err is not None:
