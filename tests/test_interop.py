@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
@@ -25,22 +27,80 @@ def f(x):
     return (x.sin() * 2 + x.cos()).sum(-1)
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason=(
-    "BUG: torch.compile inside the runtime: Dynamo inlines AdaptiveEagerMode."
-    "__torch_dispatch__ (the mode opts out of the torch._disable_dynamo wrapper, "
-    "_should_skip_dynamo() -> False) and fails with torch._dynamo.exc.Unsupported: "
-    "Dynamo does not know how to trace method `split` of class `str` (optable."
-    "derive_traits); restoring the wrapper still fails with fullgraph=True"))
-def test_torch_compile_inside_context():
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_torch_compile_inside_context(fullgraph):
+    # Note [torch.compile inside the block]: Dynamo compiles the function (it is not
+    # skipped for our mode), its pending input is flushed and released first, and its
+    # compiled code runs on real tensors.
+    torch._dynamo.reset()
     x = torch.randn(4, 8)
-    compiled = torch.compile(f, backend="eager", fullgraph=True)
+    compiled = torch.compile(f, backend="eager", fullgraph=fullgraph)
     ref = f(x)
     with ae.adaptive_eager(**OPTS):
         y = torch.ones(4, 8) * x        # a deferred input
         out = compiled(y) + 1
         again = compiled(x)
+        stats = ae.stats()
     torch.testing.assert_close(out, f(torch.ones(4, 8) * x) + 1)
     torch.testing.assert_close(again, ref)
+    assert stats.flushes.get("torch.compile", 0) >= 1
+    assert type(y) is torch.Tensor      # released before Dynamo saw it
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+def _train_compiled(backend: str, steps: int, inside: bool) -> list[float]:
+    torch._dynamo.reset()
+    model = _mlp()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+    losses = []
+    ctx = ae.adaptive_eager(**OPTS) if inside else contextlib.nullcontext()
+    with ctx:
+        for _ in range(steps):
+            h = x * 2                                # pending when the runtime is on
+            loss = compiled(h).tanh().pow(2).mean()  # eager ops on a compiled output
+            loss.backward()                          # compiled backward gets a handle
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("backend, steps, rel", [
+    # aot_eager: AOTAutograd's runtime wrappers and compiled backward, cheaply.
+    ("aot_eager", 3, 1e-6),
+    # Inductor's compiled code writes into buffers it allocates and calls extern kernels
+    # (addmm.out) through the dispatcher: deferring those would read stale buffers, so
+    # the runtime steps aside for compiled code.
+    pytest.param("inductor", 2, 1e-5, marks=pytest.mark.inductor),
+])
+def test_torch_compiled_module_trains_inside_context(backend, steps, rel):
+    ref_losses, ref_params = _train_compiled(backend, steps, inside=False)
+    losses, params = _train_compiled(backend, steps, inside=True)
+    assert losses == pytest.approx(ref_losses, rel=rel)
+    for p, q in zip(params, ref_params):
+        torch.testing.assert_close(p, q)
+
+
+def test_dynamo_disabled_function_inside_context_still_defers():
+    # Stepping aside is for compiled code only: a program that never called a
+    # compiled function keeps deferring inside torch._dynamo.disable'd code.
+    @torch._dynamo.disable
+    def g(t):
+        return t.sin() + 1
+
+    session.clear_sessions()
+    with ae.adaptive_eager(**OPTS):
+        out = g(torch.ones(3))
+        deferred = type(out) is LazyTensor
+        value = out.tolist()
+    assert deferred
+    assert value == pytest.approx((torch.ones(3).sin() + 1).tolist())
 
 
 class LoggingMode(TorchDispatchMode):

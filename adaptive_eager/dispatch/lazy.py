@@ -145,6 +145,17 @@ class LazyTensor(torch.Tensor):
             raise DeferredError("lazy tensor has no owner and no value (internal error)")
         return owner.materialize(self, reason)
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any,
+                                            expected_type: Any = None) -> torch.Tensor | None:
+        """A torch.compile'd backward got this handle as a gradient: hand it the real one.
+
+        AOTAutograd asks subclasses it did not trace with to become the plain tensor
+        its compiled backward expects (Note [torch.compile inside the block], mode.py).
+        """
+        if expected_type is not None and expected_type is not torch.Tensor:
+            return None
+        return self._ae_read("torch.compile")
+
     # -- running ops without the mode (escaped handles) ------------------------------
     __torch_function__ = torch._C._disabled_torch_function_impl
 
