@@ -37,6 +37,7 @@ from . import config
 from ._logging import log
 from .config import Options
 from .dispatch import AdaptiveEagerMode, MetaMemo, ObserveMode, OpTable
+from .dispatch.opaque import install as install_opaque_calls
 from .runtime import Counters, Executor, make_executor
 from .statistics import SiteCounters, Stats, snapshot
 
@@ -85,6 +86,7 @@ def get_session(options: Options) -> Session:
         s = _SESSIONS.get(options)
         if s is None:
             _install_safe_point()
+            install_opaque_calls()  # Note [Opaque calls]
             s = _SESSIONS[options] = Session(options, make_executor(options, _COUNTERS), _COUNTERS)
             if options.report:
                 _report_at_exit(options.report)

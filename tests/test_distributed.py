@@ -46,12 +46,15 @@ def _model() -> torch.nn.Module:
     )
 
 
-def _train_ddp(rank: int, steps: int, ctx_factory) -> tuple[list[float], list[torch.Tensor]]:
+def _train_ddp(rank: int, steps: int, ctx_factory,
+               build_inside: bool = False) -> tuple[list[float], list[torch.Tensor]]:
+    import contextlib
+
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = _model()
-    # Built outside the runtime: see test_ddp_constructed_inside_the_runtime.
-    ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets: several allreduces per step
+    with ctx_factory() if build_inside else contextlib.nullcontext():
+        model = _model()
+        ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets: several allreduces per step
     with ctx_factory():
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
         losses = []
@@ -190,13 +193,23 @@ def _scenario_fsdp2(rank: int, report: dict) -> None:
 
 
 def _scenario_ddp_construct(rank: int, report: dict) -> None:
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    # Note [Opaque calls]: DDP's constructor reads and writes tensor memory from C++;
+    # built inside the block (model and all), it must train as eager DDP does.
+    import contextlib
 
     import adaptive_eager as ae
+    from adaptive_eager import session
 
-    with ae.adaptive_eager(backend="eager", adaptive_passthrough=False):
-        DDP(_model())
-    report["ddp_construct"] = {}
+    ref_losses, ref_params = _train_ddp(rank, 3, contextlib.nullcontext)
+    session.counters().reset()
+    losses, params = _train_ddp(
+        rank, 3, lambda: ae.adaptive_eager(backend="eager", adaptive_passthrough=False),
+        build_inside=True)
+    flushes = dict(session.counters().flushes)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6), (losses, ref_losses)
+    for p, r in zip(params, ref_params):
+        torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-6)
+    report["ddp_construct"] = {"flushes": flushes}
 
 
 SCENARIOS = {
@@ -277,16 +290,10 @@ def test_ddp_matches_eager_ddp(reports):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: DDP(model) inside the runtime: DDP's C++ _verify_params_across_processes "
-    "allocates metadata tensors with at::empty/at::empty_like (captured: handles without "
-    "storage) and reads/writes them through raw pointers around an allgather, so it raises "
-    "'The tensor has a non-zero number of elements, but its data is not allocated yet' "
-    "(or, with allocations run at once, 'params[0] ... appears not to match sizes'). Not "
-    "local: C++ code holding handles bypasses the dispatcher. Workaround: build DDP "
-    "outside the block; training inside works (test_ddp_matches_eager_ddp)."))
 def test_ddp_constructed_inside_the_runtime(reports):
-    _ok(reports, "ddp_construct")
+    built = _ok(reports, "ddp_construct")
+    assert built[0]["flushes"] == built[1]["flushes"]
+    assert built[0]["flushes"].get("opaque:DistributedDataParallel", 0) >= 1
 
 
 @pytest.mark.slow
