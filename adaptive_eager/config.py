@@ -167,6 +167,11 @@ _SPECS: dict[str, _Spec] = {
     "adaptive_passthrough": _Spec(
         True, _parse_bool, "stop deferring when nothing in the windows is worth compiling"
     ),
+    "warmup": _Spec(
+        True, _parse_bool,
+        "run eagerly until the program first reads a value or ends an optimizer step "
+        "(its first iteration), then start capturing; needs adaptive_passthrough",
+    ),
     "launch_latency_us": _Spec(
         0.0, _float_parser(0.0), "simulated per-kernel launch latency on the emulated neuron device"
     ),
@@ -197,6 +202,7 @@ class Options:
     compile_timeout_s: float = _SPECS["compile_timeout_s"].default
     verify_compiled: bool = _SPECS["verify_compiled"].default
     adaptive_passthrough: bool = _SPECS["adaptive_passthrough"].default
+    warmup: bool = _SPECS["warmup"].default
     launch_latency_us: float = _SPECS["launch_latency_us"].default
     report: str = _SPECS["report"].default
 

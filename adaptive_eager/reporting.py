@@ -63,6 +63,9 @@ ADVICE: dict[str, str] = {
     "window_full": "routine: the window reached window_size ops (raise ADAPTIVE_EAGER_WINDOW_SIZE "
                    "if regions are cut too often)",
     "exit": "routine: end of an adaptive_eager block",
+    "optimizer_step": "routine: an optimizer step ends its window, so windows line up with "
+                      "iterations and recur",
+    "torch.compile": "a torch.compile'd function needs its inputs: pending work runs first",
     "explicit_sync": "adaptive_eager.sync() was called: drop it if nothing needs it",
     "nested_enter": "a nested block with other options: use the same options to share one window",
 }
@@ -207,6 +210,9 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
                   f"evictions {_fmt_num(s.cache_evictions)}  (hit rate {_pct(s.cache_hit_rate)})"),
         ("compile time", f"{s.compile_time_s:.2f} s"),
     ]
+    if s.warmup_ended:
+        # Note [The first iteration runs eagerly]
+        rows.insert(0, ("capture started", f"after eager warm-up, at {s.warmup_ended}"))
     out = [title, "=" * len(title)]
     out += [f"{k:<18} {v}" for k, v in rows]
     out += ["", f"Flushes by reason ({_fmt_num(s.total_flushes)} total)"]

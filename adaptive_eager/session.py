@@ -38,6 +38,7 @@ from ._logging import log
 from .config import Options
 from .dispatch import AdaptiveEagerMode, MetaMemo, ObserveMode, OpTable
 from .dispatch.opaque import install as install_opaque_calls
+from .dispatch.source import user_source
 from .runtime import Counters, Executor, make_executor
 from .statistics import SiteCounters, Stats, snapshot
 
@@ -128,6 +129,9 @@ def _safe_point(*_: Any) -> None:
     if not st:
         return
     mode = st[-1][0]
+    if mode._policy is not None and mode._policy.warming:
+        mode.end_warmup("optimizer step", None)  # Note [The first iteration runs eagerly]
+        return
     observe = _innermost_observe(st)
     if observe is None or observe.mode is not mode or mode._should_defer is None:
         return
@@ -136,6 +140,14 @@ def _safe_point(*_: Any) -> None:
             observe.resume()
     elif mode._parked:
         observe.deep_park()
+    elif len(mode.recorder):
+        # Note [Optimizer steps end windows]
+        # A program that reads nothing every step (loss read every N steps) has its
+        # windows cut only by window_size, at a different op each iteration (an
+        # iteration of 307 ops: 256, then 51 + 205, ...), so no window recurs and
+        # nothing compiles. Ending the window at the end of each optimizer step
+        # anchors windows to iterations: the same ops each step, so they recur.
+        mode.flush("optimizer_step", user_source(2))
 
 
 _SAFE_POINT_HOOK: list = []

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 from .runtime.counters import Counters
 
 # Sync reasons that are part of normal operation rather than something to fix.
-ROUTINE_REASONS = frozenset({"exit", "window_full", "nested_enter", "explicit_sync"})
+ROUTINE_REASONS = frozenset({"exit", "window_full", "nested_enter", "explicit_sync", "optimizer_step"})
 
 
 class SiteCounters(Counters):
@@ -91,6 +91,7 @@ class Stats:
     meta_hits: int = 0
     meta_misses: int = 0
     handles_released: int = 0
+    warmup_ended: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

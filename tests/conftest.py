@@ -7,6 +7,10 @@ import pytest
 import torch
 
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Most tests check what capture does from a block's first op, so the suite (and the
+# subprocesses it starts) runs with the eager warm-up off (Note [The first iteration
+# runs eagerly]); tests/test_warmup.py checks the default, warm-up on.
+os.environ["ADAPTIVE_EAGER_WARMUP"] = "0"
 
 
 @pytest.fixture(autouse=True)

@@ -216,3 +216,35 @@ def test_foreach_ops():
         got = program(pa, gl)
     assert_same(exp, got)
     assert_same(pe, pa)
+
+
+def test_optimizer_steps_end_windows_so_they_recur():
+    # Note [Optimizer steps end windows]: a loop that reads nothing per step, with an
+    # iteration whose op count is not a multiple of window_size. Without the step's
+    # flush its windows start at a different op every step and never recur.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64))
+    ref = copy.deepcopy(model)
+    x, y = torch.randn(256, 64), torch.randn(256, 64)  # regions above min_region_work
+
+    def run(m, use_mode):
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        with ae.adaptive_eager(backend="eager", window_size=40, adaptive_passthrough=False) \
+                if use_mode else _null():
+            for _ in range(6):
+                loss = F.mse_loss(m(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.detach())
+            stats = ae.stats()
+        return torch.stack(losses), stats
+
+    ref_losses, _ = run(ref, False)
+    losses, stats = run(model, True)
+    torch.testing.assert_close(losses, ref_losses)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    assert stats.flushes.get("optimizer_step") == 6
+    assert stats.cache_hits > 0               # the same windows every step: compiled, reused

@@ -105,6 +105,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self.table = table if table is not None else OpTable()
         self._traits = self.table._traits  # read-only fast path; OpTable fills it
         self._should_defer = getattr(executor, "should_defer", None)
+        self._policy = getattr(executor, "defer", None)  # DeferPolicy: its warm-up
         self._parked = False
         self._dynamo_seen = False  # Note [torch.compile inside the block]
         self._bound: list[weakref.ref] = []  # Note [Releasing bound handles]
@@ -216,6 +217,13 @@ class AdaptiveEagerMode(TorchDispatchMode):
             del h
         self.counters.handles_released += released
         return released
+
+    def end_warmup(self, why: str, source: str | None) -> None:
+        """The program's first iteration ended (Note [The first iteration runs eagerly])."""
+        policy = self._policy
+        if policy is not None and policy.end_warmup():
+            self.counters.warmup_ended = f"{why} at {source}" if source else why
+            log.debug("warm-up ended: %s at %s; capturing from now", why, source)
 
     def unpark(self) -> None:
         """Back on the dispatch-mode stack (capturing again)."""
@@ -434,7 +442,11 @@ class AdaptiveEagerMode(TorchDispatchMode):
         tensors that no pending op touches need nothing. Handles always flush the
         whole window, so windows start where the program syncs.
         """
-        with self.lock:
+        # Torch functions off: a flush's own tensor calls (reading requires_grad, the
+        # profiler range) must not reach ObserveMode, which, the window being sealed,
+        # would see nothing pending and park the mode mid-flush (a flush from an
+        # optimizer hook or a handle's read runs with torch functions enabled).
+        with self.lock, torch._C.DisableTorchFunction():
             rec = self.recorder
             if len(rec) == 0:
                 return
@@ -456,7 +468,11 @@ class AdaptiveEagerMode(TorchDispatchMode):
             log.debug("flush %s: %d ops at %s%s", reason, len(window), source,
                       " (partial)" if sliced is not None else "")
             try:
-                with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
+                if torch.autograd.profiler._is_profiler_enabled:
+                    # The range's own ops only while profiling: they reach this mode.
+                    with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
+                        values = self.executor.run(window)
+                else:
                     values = self.executor.run(window)
             except BaseException as e:
                 for h in live:

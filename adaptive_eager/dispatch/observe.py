@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 from .lazy import suspended
 from .mode import AdaptiveEagerMode, _tensors
-from .source import user_source
+from .source import called_by_user, user_source
 
 _current_function_mode = torch.overrides._get_current_function_mode
 _pop_function_mode = torch._C._pop_torch_function_stack
@@ -49,6 +49,14 @@ _OBSERVERS = {
     if hasattr(torch.Tensor, name)
 }
 
+
+# Reads that end the eager warm-up (Note [The first iteration runs eagerly]): the
+# observers above, and the syncs that return Python values (these reach the dispatch
+# mode as ATen ops when it captures, so the observers above do not list them).
+_READS = {**_OBSERVERS, **{
+    getattr(torch.Tensor, name): name
+    for name in ("item", "__bool__", "__float__", "__int__", "__index__", "cpu")
+}}
 
 _COPYING_OBSERVERS = {"__repr__", "__format__", "tolist", "__reduce_ex__", "__deepcopy__", "__getstate__"}
 
@@ -96,6 +104,12 @@ class ObserveMode(TorchFunctionMode):
             # Fast path: parked means nothing is pending in this thread, so no read
             # needs a flush, and ops pass straight through unless the policy probes.
             if not mode._should_defer():
+                policy = mode._policy
+                if policy is not None and policy.warming and func in _READS \
+                        and called_by_user(1):
+                    # Note [The first iteration runs eagerly]: the program's read ends it
+                    # (torch's own, like an optimizer reading its step count, does not).
+                    mode.end_warmup(f"observe:{_READS[func].strip('_')}", user_source(2))
                 return func(*args, **kwargs) if kwargs else func(*args)
             mode.unpark()
         kwargs = kwargs or {}

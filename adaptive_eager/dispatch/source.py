@@ -35,4 +35,10 @@ def user_source(depth: int = 1) -> str:
     return "<unknown>"
 
 
-__all__ = ["user_source"]
+def called_by_user(depth: int = 1) -> bool:
+    """Whether the frame ``depth`` levels up is the user's code (not torch's, not ours)."""
+    fname = sys._getframe(depth + 1).f_code.co_filename
+    return not fname.startswith(_SKIP) or fname in _USER_CODE
+
+
+__all__ = ["user_source", "called_by_user"]

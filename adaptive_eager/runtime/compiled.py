@@ -137,7 +137,7 @@ class CompiledExecutor:
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
         self.threads = ThreadShare(options.backend == "inductor")
-        self.defer = DeferPolicy(options.adaptive_passthrough,
+        self.defer = DeferPolicy(options.adaptive_passthrough, warmup=options.warmup,
                                  in_flight=lambda: counters.compiles_in_flight,
                                  on_wait=self.threads.waiting)
         self.should_defer = self.defer.should_defer  # hot: asked on every torch call

@@ -42,6 +42,7 @@ class Counters:
     meta_hits: int = 0
     meta_misses: int = 0
     handles_released: int = 0     # bound handles turned into plain tensors (mode.release_handles)
+    warmup_ended: str = ""        # why and where capture started (Note [The first iteration runs eagerly])
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def note_flush(self, reason: str, site: str | None) -> None:

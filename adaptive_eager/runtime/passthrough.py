@@ -19,6 +19,9 @@ Example::
     [False, False, True, False]
     >>> p.note_window(50, True); p.should_defer()
     True
+    >>> w = DeferPolicy(warmup=True)     # the first iteration runs eagerly
+    >>> w.should_defer(), w.end_warmup(), w.should_defer()
+    (False, True, True)
 """
 
 from __future__ import annotations
@@ -55,8 +58,19 @@ class DeferPolicy:
 
     def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
                  novel_patience: int = 48, in_flight: Callable[[], int] | None = None,
-                 on_wait: Callable[[bool], None] | None = None):
+                 on_wait: Callable[[bool], None] | None = None, warmup: bool = False):
         self.enabled = enabled
+        # Note [The first iteration runs eagerly]
+        # Capturing a window the first time costs its ops' Python capture (15-90 µs each)
+        # plus cold metadata kernels, and buys nothing yet: a region compiles on a later
+        # sighting. So a warming policy starts out passing ops straight through, and
+        # capture starts where the program's iterations begin: its first read of a value
+        # (``loss.item()``, print, in the program's own code: torch's reads, like AdamW's
+        # of its step count, do not count; the owner calls end_warmup) or the end of its
+        # first optimizer step (a safe point). A program that does neither starts capturing
+        # at the first probe (``probe_every`` calls). Its first iteration then costs what
+        # eager's does, with no capture and no compile.
+        self.warming = enabled and warmup
         self._in_flight = in_flight
         self._on_wait = on_wait  # told when a compile wait starts (True) and ends (False)
         self._waiting = False
@@ -65,8 +79,17 @@ class DeferPolicy:
         self.novel_patience = novel_patience
         self._novel_streak = 0
         self._streak = 0
+        self._defer = not self.warming
+        self._calls = 0
+
+    def end_warmup(self) -> bool:
+        """Start capturing (Note [The first iteration runs eagerly]); True if warming."""
+        if not self.warming:
+            return False
+        self.warming = False
         self._defer = True
         self._calls = 0
+        return True
 
     def note_window(self, n_ops: int, worth: bool, novel: bool = False,
                     pending: bool = False, reshaped: bool = False) -> None:
@@ -122,6 +145,8 @@ class DeferPolicy:
         self._calls += weight
         if self._calls >= self.probe_every:
             self._calls = 0
+            if self.warming:
+                self.end_warmup()
             return True
         return False
 

@@ -1,0 +1,94 @@
+"""The first iteration runs eagerly (Note [The first iteration runs eagerly]).
+
+The rest of the suite turns the warm-up off (conftest.py); these tests run with the
+default, ``warmup=True``, passed explicitly so the suite's environment does not decide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import torch
+
+import adaptive_eager as ae
+from adaptive_eager.dispatch import LazyTensor
+from adaptive_eager.runtime.passthrough import DeferPolicy
+
+WARM = dict(backend="eager", warmup=True)
+
+
+def test_first_iteration_is_eager_and_a_read_starts_capture():
+    x = torch.randn(16)
+    with ae.adaptive_eager(**WARM):
+        first = (x * 2 + 1).sin()
+        first_type = type(first)
+        before = ae.stats()
+        value = first.sum().item()           # the end of the first iteration
+        second = (x * 2 + 1).sin()
+        second_type = type(second)
+        again = second.sum().item()
+        after = ae.stats()
+    assert first_type is torch.Tensor and before.ops_captured == 0
+    assert not before.warmup_ended
+    assert second_type is LazyTensor and after.ops_captured > 0
+    assert after.warmup_ended.startswith("observe:item at ")
+    assert "test_warmup.py" in after.warmup_ended
+    assert value == again == pytest.approx(float((x * 2 + 1).sin().sum()))
+    assert "capture started" in ae.report()
+
+
+def _train(model, data, runtime: bool):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, captured_after_first = [], None
+    with ae.adaptive_eager(**WARM) if runtime else contextlib.nullcontext():
+        for i, (x, y) in enumerate(data):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss)               # read after the loop: no sync inside it
+            if i == 0:
+                with torch.no_grad():
+                    captured_after_first = type(model(x)) is LazyTensor
+        stats = ae.stats()
+    return [float(v.detach()) for v in losses], stats, captured_after_first
+
+
+def test_optimizer_step_ends_the_warmup_and_training_equals_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+    ref_model = copy.deepcopy(model)
+    data = [(torch.randn(16, 8), torch.randn(16, 1)) for _ in range(5)]
+    ref_losses, _, plain = _train(ref_model, data, runtime=False)
+    losses, stats, captured = _train(model, data, runtime=True)
+    assert losses == pytest.approx(ref_losses, rel=1e-6, abs=1e-7)
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q)
+    assert not plain
+    # AdamW reads its step count (.item()) inside opt.step(): torch's read, not the
+    # program's, so the warm-up lasts to the step's end.
+    assert stats.warmup_ended == "optimizer step"
+    assert captured                           # capture started at the first step's end
+    assert stats.ops_captured > 0
+
+
+def test_without_adaptive_passthrough_there_is_no_warmup():
+    with ae.adaptive_eager(backend="eager", warmup=True, adaptive_passthrough=False):
+        y = torch.ones(3) * 2
+        assert type(y) is LazyTensor
+
+
+def test_warmup_off_captures_from_the_first_op():
+    with ae.adaptive_eager(backend="eager", warmup=False):
+        y = torch.ones(3) * 2
+        assert type(y) is LazyTensor
+
+
+def test_policy_warmup_ends_at_a_probe_when_the_program_never_syncs():
+    p = DeferPolicy(warmup=True, probe_every=5)
+    answers = [p.should_defer() for _ in range(6)]
+    assert answers == [False, False, False, False, True, True]
+    assert not p.warming
+    assert not DeferPolicy(enabled=False, warmup=True).warming
