@@ -63,7 +63,9 @@ class Session:
     def new_mode(self) -> AdaptiveEagerMode:
         if self.memo is None:
             self.memo = MetaMemo(self.options.meta_cache_size, self.counters)
-        return AdaptiveEagerMode(self.options, self.executor, self.counters, self.table, self.memo)
+        mode = AdaptiveEagerMode(self.options, self.executor, self.counters, self.table, self.memo)
+        mode.on_park = _parked_changed
+        return mode
 
 
 # Note [Import Dynamo at the first session, not at the first op]
@@ -122,9 +124,26 @@ def _innermost_observe(st: list) -> ObserveMode | None:
 _SAFE_POINT_WEIGHT = 100
 
 
+def _park_or_resume(mode: AdaptiveEagerMode, weight: int) -> bool:
+    """At a safe point: deep-park a parked runtime, or bring a deep-parked one back when
+    the policy wants to capture again (Note [Deep parking], dispatch/observe.py). False
+    when the runtime is capturing (neither parked nor deep-parked)."""
+    observe = _innermost_observe(_TLS.stack)
+    if observe is None or observe.mode is not mode or mode._should_defer is None:
+        return True
+    if observe.deep:
+        if mode._should_defer(weight):
+            observe.resume()
+    elif mode._parked:
+        if not (mode._policy is not None and mode._policy.warming):
+            observe.deep_park()
+    else:
+        return False
+    return True
+
+
 def _safe_point(*_: Any) -> None:
-    """The end of an optimizer step: deep-park a parked runtime, or bring it back when
-    the policy wants to capture again (Note [Deep parking], dispatch/observe.py)."""
+    """The end of an optimizer step (a global optimizer step post hook)."""
     st = getattr(_TLS, "stack", None)
     if not st:
         return
@@ -132,15 +151,7 @@ def _safe_point(*_: Any) -> None:
     if mode._policy is not None and mode._policy.warming:
         mode.end_warmup("optimizer step", None)  # Note [The first iteration runs eagerly]
         return
-    observe = _innermost_observe(st)
-    if observe is None or observe.mode is not mode or mode._should_defer is None:
-        return
-    if observe.deep:
-        if mode._should_defer(_SAFE_POINT_WEIGHT):
-            observe.resume()
-    elif mode._parked:
-        observe.deep_park()
-    elif len(mode.recorder):
+    if not _park_or_resume(mode, _SAFE_POINT_WEIGHT) and len(mode.recorder):
         # Note [Optimizer steps end windows]
         # A program that reads nothing every step (loss read every N steps) has its
         # windows cut only by window_size, at a different op each iteration (an
@@ -148,6 +159,43 @@ def _safe_point(*_: Any) -> None:
         # nothing compiles. Ending the window at the end of each optimizer step
         # anchors windows to iterations: the same ops each step, so they recur.
         mode.flush("optimizer_step", user_source(2))
+
+
+# Note [Deep parking at module calls]
+# Optimizer steps are the safe points of training loops; an inference loop (or any
+# loop stepping no torch.optim optimizer) has none, so a parked runtime kept paying
+# ObserveMode's Python call on every torch function (measured: a small GPT forward with
+# a new sequence length each step, 20% over eager once passed through). While some
+# runtime in the process is parked, a global module forward pre-hook is installed, and
+# each module call is a safe point too: it deep-parks the parked runtime of its thread,
+# and while deep-parked counts towards the policy's probes (a module call standing for
+# a few torch calls) and brings ObserveMode back when the policy probes. Module calls
+# happen between torch calls, never inside ObserveMode, like an optimizer step's end.
+# While the warm-up lasts, ObserveMode stays: it is what sees the first read. The hook
+# is removed when no runtime is parked, so programs pay for it only while parked.
+_MODULE_CALL_WEIGHT = 8
+_PARKED = [0]
+_MODULE_HOOK: list = []
+_PARK_LOCK = threading.Lock()
+
+
+def _module_safe_point(*_: Any) -> None:
+    """Before a module's forward (a global module forward pre-hook, while parked)."""
+    st = getattr(_TLS, "stack", None)
+    if st:
+        _park_or_resume(st[-1][0], _MODULE_CALL_WEIGHT)
+
+
+def _parked_changed(parked: bool) -> None:
+    with _PARK_LOCK:
+        _PARKED[0] += 1 if parked else -1
+        if _PARKED[0] > 0 and not _MODULE_HOOK:
+            from torch.nn.modules.module import register_module_forward_pre_hook  # noqa: PLC0415
+
+            _MODULE_HOOK.append(register_module_forward_pre_hook(_module_safe_point))
+        elif _PARKED[0] <= 0 and _MODULE_HOOK:
+            _PARKED[0] = 0
+            _MODULE_HOOK.pop().remove()
 
 
 _SAFE_POINT_HOOK: list = []

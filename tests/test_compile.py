@@ -350,8 +350,9 @@ def test_inductor_compiles_in_a_worker_process_and_falls_back_in_process(monkeyp
 
 
 def test_reshaped_windows_stop_deferral_sooner():
-    """The same ops on a new shape each time (a changing sequence length) count 8-fold
-    towards passing through: after a handful, not ``novel_patience``, windows."""
+    """The same ops on a new shape each time (a changing sequence length) count
+    RESHAPED_WEIGHT-fold towards passing through: after a few, not ``novel_patience``,
+    windows."""
     from adaptive_eager import config
     from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
     from adaptive_eager.runtime import make_executor

@@ -567,6 +567,47 @@ def _observe_on_stack() -> bool:
     return any(isinstance(m, ObserveMode) for m in torch.overrides._get_current_function_mode_stack())
 
 
+def test_inference_loop_deep_parks_at_module_calls_and_removes_the_hook():
+    """Note [Deep parking at module calls]: with no optimizer, a parked runtime leaves
+    the torch-function stack at a module call; results equal eager; the global module
+    hook exists only while a runtime is parked."""
+    from torch.nn.modules import module as nn_module
+
+    from adaptive_eager.session import _MODULE_HOOK, _stack
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+    xs = [torch.randn(16, 32) for _ in range(40)]
+    with torch.no_grad():
+        ref = [m(x).sum().item() for x in xs]
+    got, deep_seen, hooked = [], False, False
+    with torch.no_grad(), ae.adaptive_eager(backend="eager"):
+        for x in xs:
+            got.append(m(x).sum().item())
+            deep_seen |= _stack()[-1][1].deep and not _observe_on_stack()
+            hooked |= bool(_MODULE_HOOK) and bool(nn_module._global_forward_pre_hooks)
+    assert got == ref
+    assert deep_seen and hooked
+    assert not _MODULE_HOOK and not nn_module._global_forward_pre_hooks
+    assert torch.overrides._get_current_function_mode_stack() == []
+
+
+def test_deep_parked_inference_comes_back_when_the_policy_probes():
+    from adaptive_eager.session import _stack
+
+    m = torch.nn.Linear(8, 8)
+    with torch.no_grad(), ae.adaptive_eager(backend="eager"):
+        mode = session.current_mode()
+        policy = mode._policy
+        for _ in range(30):
+            (m(torch.randn(4, 8)).relu() * 2 + 1).sum().item()
+        observe = _stack()[-1][1]
+        assert observe.deep
+        policy._calls = policy.probe_every - 1   # the next module call probes
+        m(torch.randn(4, 8))
+        assert not observe.deep and _observe_on_stack()
+
+
 def test_deep_parking_at_optimizer_steps_keeps_eager_results_and_a_clean_stack():
     """Note [Deep parking]: once parked, the end of an optimizer step takes ObserveMode
     off the torch-function stack; training equals eager, a mode entered by the program

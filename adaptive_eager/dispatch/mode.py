@@ -28,7 +28,7 @@ import logging
 import sys
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import (
@@ -108,6 +108,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self._policy = getattr(executor, "defer", None)  # DeferPolicy: its warm-up
         self._parked = False
         self._dynamo_seen = False  # Note [torch.compile inside the block]
+        # Told True when the mode parks and False when it unparks (the session watches
+        # for safe points meanwhile: Note [Deep parking at module calls], session.py).
+        self.on_park: Callable[[bool], None] | None = None
         self._bound: list[weakref.ref] = []  # Note [Releasing bound handles]
         self._bound_prune_at = 1024
         self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size, counters)
@@ -178,6 +181,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
             _pop_mode()
             self._parked = True
             self.release_handles()
+            if self.on_park is not None:
+                self.on_park(True)
 
     # Note [Releasing bound handles]
     # State a program creates while ops are deferred (optimizer moments, momentum
@@ -230,6 +235,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
         if self._parked:
             _push_mode(self)
             self._parked = False
+            if self.on_park is not None:
+                self.on_park(False)
 
     def _untouched_scalars(self, args: tuple) -> bool:
         seen = False

@@ -41,8 +41,9 @@ from typing import Callable
 # towards passing through.)
 CAPTURE_NS_PER_OP = 15_000
 
-# How many novel windows one "reshaped" novel window counts for (DeferPolicy.note_window).
-RESHAPED_WEIGHT = 8
+# How many novel windows one "reshaped" novel window counts for (DeferPolicy.note_window):
+# with novel_patience 48, a first sighting and two reshaped ones stop deferral.
+RESHAPED_WEIGHT = 24
 
 
 def pays_for_capture(eager_ns: float, n_ops: int) -> bool:
@@ -117,7 +118,9 @@ class DeferPolicy:
                 # ``reshaped``: the same ops as a window seen before, on other shapes (a
                 # sequence length that changes every step). Such windows will not recur
                 # either, and capturing each costs its ops' metadata kernels afresh
-                # (~0.5 ms per op for torch's Python ones), so they count 8-fold.
+                # (~0.5 ms per op for torch's Python ones), so they count RESHAPED_WEIGHT-
+                # fold: the second reshaped window in a row passes through (measured: a
+                # GPT forward with a new length each step costs 3-4x eager to capture).
                 self._novel_streak += RESHAPED_WEIGHT if reshaped else 1
                 if self.enabled and self._novel_streak >= self.novel_patience:
                     self._defer = False
