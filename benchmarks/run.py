@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=str(DEFAULT_JSON), help=f"JSON output path (default {DEFAULT_JSON})")
     p.add_argument("--no-json", action="store_true", help="do not write JSON")
     p.add_argument("--timeout", type=float, default=900.0, help="per-run subprocess timeout in s (default 900)")
-    p.add_argument("--settle", type=float, default=60.0,
+    p.add_argument("--settle", type=float, default=150.0,
                    help="adaptive: after warmup, keep stepping (at most this many s) while compiles are in flight")
     p.add_argument("--adaptive-options", default="",
                    help="k=v,... passed to ae.adaptive_eager(**options) (values parsed as JSON when possible)")
