@@ -81,6 +81,9 @@ FALLBACK_ADVICE: dict[str, str] = {
                               "(--backend or ADAPTIVE_EAGER_BACKEND)",
     "aliased_inputs": "the region updates views of one tensor in place (e.g. optimizer steps, "
                       "slices written in place); it replays eagerly, results unchanged",
+    "factory": "creates a tensor from nothing (arange, zeros): it runs just before its "
+               "region, which takes it as an input (Note [Factories outside Inductor "
+               "regions]); nothing to change",
     "compile timed out after": "compiling took longer than compile_timeout_s; the region runs "
                                "eagerly (raise ADAPTIVE_EAGER_COMPILE_TIMEOUT_S)",
 }

@@ -214,6 +214,28 @@ def test_inductor_regions_match_eager_and_scalars_hit():
         torch.testing.assert_close(y, _chain(x))
 
 
+@pytest.mark.inductor
+def test_inductor_region_next_to_a_factory_compiles_and_runs():
+    """Note [Factories outside Inductor regions]: positions from arange feeding an
+    embedding (a GPT's first window). Fused with the arange, the worker's artifact failed
+    its first call (a lifted constant lost on save/load) and the region ran eagerly."""
+    emb = torch.randn(512, 64)
+
+    def step():
+        pos = torch.arange(256)
+        return (torch.nn.functional.embedding(pos, emb) * 2.0).relu().sum().item()
+
+    ref = step()
+    with ae.adaptive_eager(backend="inductor", compile_after=2, async_compile=False,
+                           adaptive_passthrough=False):
+        got = [step() for _ in range(4)]
+        stats = ae.stats()
+    assert got == pytest.approx([ref] * 4, rel=1e-5)
+    assert stats.compile_failures == 0, stats.fallback_reasons
+    assert stats.compiled_calls >= 2
+    assert "factory" in stats.fallback_reasons.get("arange.default", ())
+
+
 def test_windows_that_never_recur_stop_deferral_without_planning():
     """A new shape every step: first sightings are replayed, never planned, and after a
     long run of them the mode stops deferring (runtime.passthrough)."""

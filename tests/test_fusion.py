@@ -63,6 +63,22 @@ def test_unsupported_op_splits_region_but_independent_ops_still_fuse():
     assert steps[1].reason == "data_dependent"
 
 
+def test_factories_run_before_the_region_when_the_backend_says_so():
+    # Note [Factories outside Inductor regions]: arange feeding an embedding is fused by
+    # default, and stays out of the region under Inductor's support policy.
+    w_emb = torch.randn(4096, 64)
+    nodes = [_op(aten.arange.default, (256,), (1,), kwargs=(("device", torch.device("cpu")),)),
+             _op(aten.embedding.default, (R(0), R(1)), (2,)),
+             _op(aten.mul.Tensor, (R(2), 2.0), (3,)), _op(aten.relu.default, (R(3),), (4,))]
+    w = _window(nodes, {0: w_emb}, {4})
+    assert [(r.nodes, r.fused) for r in _plan(w).steps] == [((0, 1, 2, 3), True)]
+    from adaptive_eager.runtime.backends import backend_support
+
+    steps = partition(w, storage_groups(w), backend_support("inductor"), DefaultCost()).steps
+    assert [(r.nodes, r.fused) for r in steps] == [((0,), False), ((1, 2, 3), True)]
+    assert steps[0].reason == "factory" and 1 in steps[1].inputs
+
+
 def test_dependent_eager_op_closes_region_and_order_is_kept():
     x = torch.randn(N)
     w = _window([_op(aten.mul.Tensor, (R(0), 2.0), (1,)), _op(aten.add.Tensor, (R(1), 1.0), (2,)),

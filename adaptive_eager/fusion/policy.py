@@ -78,12 +78,15 @@ class OpSupport:
     ``deny`` holds schema names ("aten::foo") the backend cannot compile; data-dependent
     ops, random ops and ops outside ``namespaces`` (opaque custom ops) are always refused.
     ``allow_classes`` restricts compilation to op classes (see :func:`op_class`); ``None``
-    allows every class.
+    allows every class. ``factories=False`` keeps ops that take no tensor out of regions
+    (they run before the region, which takes their outputs as inputs).
     """
 
     namespaces: frozenset[str] = frozenset({"aten", "prims"})
     deny: frozenset[str] = frozenset()
     allow_classes: frozenset[str] | None = None
+    # Ops that take no tensor (arange, zeros, full): inside a region or run before it.
+    factories: bool = True
     _memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def unsupported(self, node: OpNode) -> str | None:
@@ -111,6 +114,8 @@ class OpSupport:
             return "random"
         if name in self.deny:
             return "unsupported_by_backend"
+        if not self.factories and not any("Tensor" in str(a.type) for a in schema.arguments):
+            return "factory"
         if self.allow_classes is not None and op_class(target) not in self.allow_classes:
             return "unsupported_by_backend"
         return None

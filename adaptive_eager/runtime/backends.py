@@ -88,7 +88,13 @@ def _neuron(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
 # (compile function, support data, debugging?). Debugging backends are never demoted
 # for speed (they exist to check the pipeline, not to be fast).
 _REGISTRY: dict[str, tuple[CompileFn, OpSupport, bool]] = {
-    "inductor": (_inductor, OpSupport(), False),
+    # Note [Factories outside Inductor regions]
+    # Inductor turns a tensor made from nothing (arange(256) feeding an embedding) into
+    # a lifted constant that its compiled code takes as an extra input; an artifact saved
+    # by standalone_compile and loaded back (the compile worker's path) forgets to pass
+    # it, and its first call fails ("not enough values to unpack (expected 8, got 7)",
+    # torch 2.13; the in-memory artifact works). Such ops run eagerly before the region.
+    "inductor": (_inductor, OpSupport(factories=False), False),
     "aot_eager": (_aot_eager, OpSupport(), True),
     "eager": (_eager, OpSupport(), True),
     "neuron": (_neuron, OpSupport(), False),
