@@ -709,3 +709,30 @@ def test_attention_without_dropout_is_recorded_not_flushed():
         torch.manual_seed(1)
         d = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
     assert torch.equal(d, d_ref)
+
+
+def test_attention_without_dropout_fuses_with_its_neighbours():
+    """The partitioner agrees with capture: SDPA at dropout_p=0 may sit inside a compiled
+    region (with dropout it stays eager, as a random op)."""
+    from adaptive_eager.fusion.ir import OpNode, ValueRef
+    from adaptive_eager.fusion.policy import OpSupport
+
+    sdpa = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    support = OpSupport()
+    no_drop = OpNode(sdpa, (ValueRef(0), ValueRef(0), ValueRef(0), 0.0, True), (), (1, 2))
+    drop = OpNode(sdpa, (ValueRef(0), ValueRef(0), ValueRef(0), 0.5, True), (), (1, 2))
+    default = OpNode(sdpa, (ValueRef(0), ValueRef(0), ValueRef(0)), (), (1, 2))
+    assert support.unsupported(no_drop) is None
+    assert support.unsupported(default) is None           # dropout_p defaults to 0
+    assert support.unsupported(drop) == "random"
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 64, 32)
+    ref = (F.scaled_dot_product_attention(q * 0.5, q, q, is_causal=True) + 1).relu()
+    with torch.no_grad(), ae.adaptive_eager(backend="aot_eager", compile_after=1,
+                                            async_compile=False, adaptive_passthrough=False):
+        for _ in range(2):
+            y = (F.scaled_dot_product_attention(q * 0.5, q, q, is_causal=True) + 1).relu()
+            torch.testing.assert_close(y, ref)
+        stats = ae.stats()
+    assert stats.ops_fused >= 3 and "random" not in str(stats.fallback_reasons)

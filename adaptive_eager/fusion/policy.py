@@ -71,6 +71,22 @@ class SupportPolicy(Protocol):
         ...
 
 
+def _no_dropout(node: OpNode) -> bool:
+    """Whether ``node`` is an attention op called with ``dropout_p=0`` (deterministic)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return False
+    for i, a in enumerate(schema.arguments):
+        if a.name == "dropout_p":
+            if a.kwarg_only:
+                value = dict(node.kwargs).get("dropout_p", a.default_value)
+            else:
+                value = node.args[i] if i < len(node.args) else dict(node.kwargs).get(
+                    "dropout_p", a.default_value)
+            return value == 0
+    return False
+
+
 @dataclass(frozen=True)
 class OpSupport:
     """Data-driven support: which namespaces compile, which ops never do.
@@ -92,14 +108,16 @@ class OpSupport:
     def unsupported(self, node: OpNode) -> str | None:
         target = node.target
         try:
-            return self._memo[target]
+            reason = self._memo[target]
         except KeyError:
-            pass
-        reason = self._classify(target)
-        self._memo[target] = reason
+            reason = self._memo[target] = self._classify(target)
+        if reason == "random" and _no_dropout(node):
+            # Note [Attention without dropout is not random] (dispatch/mode.py): capture
+            # records these; so may a region.
+            return self._classify(target, random_ok=True)
         return reason
 
-    def _classify(self, target: object) -> str | None:
+    def _classify(self, target: object, random_ok: bool = False) -> str | None:
         schema = getattr(target, "_schema", None)
         if schema is None:
             return "opaque"
@@ -109,8 +127,8 @@ class OpSupport:
         if name in _DATA_DEPENDENT or torch.Tag.data_dependent_output in target.tags \
                 or torch.Tag.dynamic_output_shape in target.tags:
             return "data_dependent"
-        if torch.Tag.nondeterministic_seeded in target.tags or \
-                any(h in name.split("::", 1)[1] for h in _RANDOM_HINTS):
+        if not random_ok and (torch.Tag.nondeterministic_seeded in target.tags or
+                              any(h in name.split("::", 1)[1] for h in _RANDOM_HINTS)):
             return "random"
         if name in self.deny:
             return "unsupported_by_backend"
