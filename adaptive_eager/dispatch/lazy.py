@@ -150,7 +150,7 @@ class LazyTensor(torch.Tensor):
         """A torch.compile'd backward got this handle as a gradient: hand it the real one.
 
         AOTAutograd asks subclasses it did not trace with to become the plain tensor
-        its compiled backward expects (Note [torch.compile inside the block], mode.py).
+        its compiled backward expects (Note [torch.compile inside the block], dynamo.py).
         """
         if expected_type is not None and expected_type is not torch.Tensor:
             return None

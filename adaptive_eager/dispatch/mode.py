@@ -25,18 +25,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import sys
 import threading
 import weakref
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import (
-    TorchDispatchMode,
-    _pop_mode,
-    _push_mode,
-    any_torch_dispatch_mode_on_stack,
-)
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ..config import Options
@@ -50,7 +44,6 @@ from .release import release
 from .source import user_source
 
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
-_DYNAMO_ASKS = any_torch_dispatch_mode_on_stack.__code__
 _get_infra_mode = torch._C._get_dispatch_mode
 
 log = logging.getLogger("adaptive_eager")
@@ -107,7 +100,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self._should_defer = getattr(executor, "should_defer", None)
         self._policy = getattr(executor, "defer", None)  # DeferPolicy: its warm-up
         self._parked = False
-        self._dynamo_seen = False  # Note [torch.compile inside the block]
+        self._dynamo_seen = False  # Note [torch.compile inside the block] (dynamo.py)
         # Told True when the mode parks and False when it unparks (the session watches
         # for safe points meanwhile: Note [Deep parking at module calls], session.py).
         self.on_park: Callable[[bool], None] | None = None
@@ -393,53 +386,6 @@ class AdaptiveEagerMode(TorchDispatchMode):
         args, kwargs = unwrap_all(args, kwargs, "sync")
         return func(*args, **kwargs)
 
-    # Note [torch.compile inside the block]
-    # A torch.compile'd function called inside the block runs as it does outside: Dynamo
-    # compiles it and its compiled code runs on real tensors, the mode stepping aside.
-    # Dynamo skips frames while a dispatch mode that does not "ignore compile internals"
-    # is on the stack (the function would run eagerly, and fullgraph=True would fail),
-    # so this mode says it ignores them, and makes that true:
-    # - Dynamo asks (ignore_compile_internals) before it converts a frame. The frame's
-    #   inputs must be tensors Dynamo can trace, not handles: everything pending runs,
-    #   and bound handles that nothing else holds become plain tensors (release_handles).
-    #   A handle with autograd history stays one; Dynamo cannot trace it (a graph break,
-    #   or an error under fullgraph=True).
-    # - While Dynamo's eval-frame callback is installed (the compiled function's eager
-    #   parts, Dynamo's own tracing), and when the op comes from compiled code (run under
-    #   Dynamo's disable wrapper, or AOTAutograd's runtime wrappers for the forward and
-    #   the backward: _in_compiled_code), the op flushes what it needs and runs for real
-    #   (_step_aside). Inductor's code writes buffers through data pointers and calls
-    #   extern kernels (addmm.out) on them: deferring those would read stale memory.
-    #   Finding compiled code walks the Python stack (a few µs per op), so only a mode
-    #   that Dynamo has asked does it.
-    # - A compiled backward handed a handle as a gradient gets its real tensor
-    #   (LazyTensor.__coerce_same_metadata_as_tangent__).
-    # Ops on fake tensors (Dynamo's tracing) run through untouched, as anywhere.
-    def ignore_compile_internals(self) -> bool:  # type: ignore[override]
-        """Dynamo asks this before converting a frame: make its inputs plain tensors."""
-        # TorchDispatchMode.__enter__ asks too: only Dynamo's question acts.
-        if isinstance(self, AdaptiveEagerMode) and not self._parked \
-                and sys._getframe(1).f_code is _DYNAMO_ASKS:
-            self._dynamo_seen = True
-            with self.lock:
-                if len(self.recorder):
-                    self.flush("torch.compile", user_source(3))
-                self.release_handles()
-        return True
-
-    def _step_aside(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-        """An op inside a torch.compile'd function: run it now, on real tensors."""
-        kwargs = kwargs or {}
-        if _get_infra_mode(_FAKE) is not None:
-            return self._run_real(func, args, kwargs)  # Note [Fake tensors are not ours]
-        for t in types:
-            if t is not LazyTensor and t.__torch_dispatch__ is not _PLAIN_DISPATCH:
-                return NotImplemented
-        with self.lock:
-            if len(self.recorder) or _has_unbound((args, tuple(kwargs.values()))):
-                return self._sync_then_run(func, args, kwargs, "torch.compile")
-            return self._run_real(func, args, kwargs)
-
     # -- flushing -------------------------------------------------------------------
     def flush(self, reason: str, source: str | None = None, targets: Any = None) -> None:
         """Run the open window and bind its live handles. No-op when empty.
@@ -510,78 +456,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
         return real
 
 
-# Note [Dynamo's wrapper only while Dynamo runs]
-# TorchDispatchMode wraps every subclass's __torch_dispatch__ in torch._disable_dynamo,
-# so that a torch.compile'd frame never traces into a mode. That wrapper imports
-# torch._dynamo on its first call (measured 2.5-3 s: most of this runtime's first
-# iteration) and then costs a set_eval_frame round trip per op. Dynamo can only be
-# running when its eval-frame callback is installed, so the mode calls its own
-# implementation directly while there is none (unless compiled code called it). While
-# there is one, the op belongs to a torch.compile'd function (Note [torch.compile inside
-# the block]) and the mode steps aside, under Dynamo's disable wrapper. The wrapper's
-# own frame is marked for Dynamo to skip, or Dynamo would trace it.
-def _in_compiled_code() -> bool:
-    """Whether a Dynamo-compiled graph called us (Note [torch.compile inside the block]).
+from .dynamo import install as _install_dynamo_interop  # noqa: E402 - needs the class
 
-    Compiled graphs run under Dynamo's disable wrapper (``_fn``), and AOTAutograd's
-    forward and backward run through its runtime wrappers (the backward from the
-    autograd engine, with no disable wrapper above it).
-    """
-    if not _COMPILED_MARKS:
-        import torch._dynamo  # noqa: PLC0415 - imported: Dynamo has converted a frame
-        from torch._functorch._aot_autograd import runtime_wrappers  # noqa: PLC0415
-
-        _COMPILED_MARKS.add(torch._dynamo.disable(lambda: None).__code__)
-        _COMPILED_FILES.add(runtime_wrappers.__file__)
-    f = sys._getframe(2)
-    for _ in range(_COMPILED_CODE_DEPTH):
-        if f is None:
-            return False
-        code = f.f_code
-        if code in _COMPILED_MARKS or code.co_filename in _COMPILED_FILES:
-            return True
-        f = f.f_back
-    return False
-
-
-_COMPILED_MARKS: set = set()
-_COMPILED_FILES: set = set()
-_COMPILED_CODE_DEPTH = 64
-
-
-def _dispatch_unless_dynamo(raw: Any) -> Any:
-    from torch._C._dynamo.eval_frame import (
-        _FrameAction,
-        _FrameExecStrategy,
-        get_eval_frame_callback,
-        set_code_exec_strategy,
-    )
-
-    disabled: list = []
-
-    @functools.wraps(raw)
-    def __torch_dispatch__(self: Any, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-        if get_eval_frame_callback() is None:
-            if not self._dynamo_seen or not _in_compiled_code():
-                return raw(self, func, types, args, kwargs)
-            return self._step_aside(func, types, args, kwargs)
-        if not disabled:
-            import torch._dynamo  # noqa: PLC0415 - already imported: Dynamo is running
-
-            disabled.append(torch._dynamo.disable(AdaptiveEagerMode._step_aside,
-                                                  recursive=True, wrapping=False))
-        return disabled[0](self, func, types, args, kwargs)
-
-    set_code_exec_strategy(__torch_dispatch__.__code__,
-                           _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
-    __torch_dispatch__._torchdynamo_disable = True  # type: ignore[attr-defined]
-    __torch_dispatch__._torchdynamo_orig_callable = raw  # type: ignore[attr-defined]
-    return __torch_dispatch__
-
-
-AdaptiveEagerMode.__torch_dispatch__ = _dispatch_unless_dynamo(  # type: ignore[method-assign]
-    getattr(AdaptiveEagerMode.__dict__["__torch_dispatch__"], "__wrapped__",
-            AdaptiveEagerMode.__dict__["__torch_dispatch__"]))
+_install_dynamo_interop(AdaptiveEagerMode)
 
 
 @functools.lru_cache(maxsize=None)
