@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mod
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ..config import Options
+from ..fusion.policy import without_dropout
 from ..runtime import Counters, Executor
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, unwrap_all
@@ -306,10 +307,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
             # dropout_p == 0 (inference, or attention without dropout) they draw
             # nothing, so they are recorded like any op instead of flushing the window
             # (which cut a GPT training step into pieces at every attention layer).
-            where = traits.dropout_arg
-            p = kwargs.get(where, 0.0) if isinstance(where, str) else (
-                args[where] if where < len(args) else kwargs.get("dropout_p", 0.0))
-            if isinstance(p, (int, float)) and p == 0:
+            if without_dropout(traits.dropout_arg, args, kwargs):
                 return self._on_record(func, _as_record(traits), args, kwargs)
         rest_unbound = _has_unbound((args[1:], tuple(kwargs.values())))
         if func is _NATIVE_DROPOUT and not rest_unbound and type(args[0]) is LazyTensor:

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ..fusion.policy import dropout_arg
+
 aten = torch.ops.aten
 
 
@@ -156,10 +158,8 @@ def derive_traits(func: torch._ops.OpOverload) -> OpTraits:
         writes_return = writes_return or info.is_write
     if torch.Tag.nondeterministic_seeded in tags:
         fill = name in _RANDOM_FILL and mutated == [0]
-        dropout = next(((a.name if a.kwarg_only else i) for i, a in enumerate(schema.arguments)
-                        if a.name == "dropout_p"), None)
         return OpTraits(Kind.RANDOM, tuple(mutated), tuple(return_alias), random_fill=fill,
-                        dropout_arg=dropout)
+                        dropout_arg=dropout_arg(schema))
     is_view = not mutated and any(a is not None for a in return_alias)
     kind = Kind.VIEW if is_view else Kind.RECORD
     return OpTraits(kind, tuple(mutated), tuple(return_alias), is_view=is_view)

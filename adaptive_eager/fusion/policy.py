@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 
@@ -71,20 +71,25 @@ class SupportPolicy(Protocol):
         ...
 
 
+def dropout_arg(schema: Any) -> int | str | None:
+    """Where an op's ``dropout_p`` sits: its position, its name if keyword-only, or None."""
+    return next(((a.name if a.kwarg_only else i) for i, a in enumerate(schema.arguments)
+                 if a.name == "dropout_p"), None)
+
+
+def without_dropout(where: int | str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call passes ``dropout_p == 0`` (absent: its default, 0), so that an
+    attention op tagged random draws nothing (Note [Attention without dropout is not
+    random], dispatch/mode.py)."""
+    p = kwargs.get(where, 0.0) if isinstance(where, str) else (
+        args[where] if where < len(args) else kwargs.get("dropout_p", 0.0))
+    return isinstance(p, (int, float)) and p == 0
+
+
 def _no_dropout(node: OpNode) -> bool:
-    """Whether ``node`` is an attention op called with ``dropout_p=0`` (deterministic)."""
     schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        return False
-    for i, a in enumerate(schema.arguments):
-        if a.name == "dropout_p":
-            if a.kwarg_only:
-                value = dict(node.kwargs).get("dropout_p", a.default_value)
-            else:
-                value = node.args[i] if i < len(node.args) else dict(node.kwargs).get(
-                    "dropout_p", a.default_value)
-            return value == 0
-    return False
+    where = dropout_arg(schema) if schema is not None else None
+    return where is not None and without_dropout(where, node.args, dict(node.kwargs))
 
 
 @dataclass(frozen=True)
