@@ -24,21 +24,23 @@ _SKIP = (_PKG_DIR + os.sep, _TORCH_DIR + os.sep, "<frozen ", os.path.dirname(os.
 _USER_CODE = (os.path.join(_PKG_DIR, "demo.py"),)
 
 
+def _is_user(fname: str) -> bool:
+    return not fname.startswith(_SKIP) or fname in _USER_CODE
+
+
 def user_source(depth: int = 1) -> str:
     """``"file:line (function)"`` of the innermost frame that is the user's code."""
     f = sys._getframe(depth)
     while f is not None:
-        fname = f.f_code.co_filename
-        if not fname.startswith(_SKIP) or fname in _USER_CODE:
-            return f"{fname}:{f.f_lineno} ({f.f_code.co_name})"
+        if _is_user(f.f_code.co_filename):
+            return f"{f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})"
         f = f.f_back
     return "<unknown>"
 
 
 def called_by_user(depth: int = 1) -> bool:
     """Whether the frame ``depth`` levels up is the user's code (not torch's, not ours)."""
-    fname = sys._getframe(depth + 1).f_code.co_filename
-    return not fname.startswith(_SKIP) or fname in _USER_CODE
+    return _is_user(sys._getframe(depth + 1).f_code.co_filename)
 
 
 __all__ = ["user_source", "called_by_user"]
