@@ -28,6 +28,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from ..fusion.ir import TensorSpec
+from .exported import export_array, note_export
 
 
 class Owner(Protocol):
@@ -90,6 +91,35 @@ def restride(handle: "LazyTensor") -> None:
         aten.resize_.default(handle, [extent])  # room for the new view in the (empty) wrapper storage
         aten.as_strided_.default(handle, spec.shape, spec.stride, spec.storage_offset)
     handle._ae_spec = spec
+
+
+# Note [Bound handles hold their memory]
+# C++ that takes a tensor and reads its memory without dispatching an op
+# (``Generator.set_state``, ``t.data = h``'s shallow copy, the legacy constructors,
+# DLPack export) sees a handle's own TensorImpl, which a wrapper made without storage:
+# "data is not allocated yet", or, once ``p.data = h`` copied that empty storage into a
+# real parameter, a crash at its next use. So binding a handle also gives its wrapper the
+# real tensor's storage, sizes and strides (the C++ shallow copy behind ``.data =``, which
+# keeps the wrapper's Python keys and its own autograd metadata and version counter):
+# ~0.4 µs per bound handle. Where the device's key sets do not allow it (the emulated
+# neuron device: a wrapper's keys differ from a real tensor's), handles stay without
+# storage; unbound handles have no memory to give, and the calls that can reach C++ with
+# them flush first (direct.py, opaque.py).
+_SET_DATA = torch._C.TensorBase.data.__set__
+_SHARES: dict[str, bool] = {}
+
+
+def bind(handle: "LazyTensor", real: torch.Tensor) -> torch.Tensor:
+    """Bind ``handle`` to its value ``real`` (Note [Bound handles hold their memory])."""
+    handle._ae_real = real
+    kind = real.device.type
+    shares = _SHARES.get(kind)
+    if shares is None:
+        with torch._C._DisableTorchDispatch():  # the C++ answer, not a mode's
+            shares = _SHARES[kind] = torch._has_compatible_shallow_copy_type(handle, real)
+    if shares and real.layout == torch.strided and real.dtype == handle.dtype:
+        _SET_DATA(handle, real)
+    return real
 
 
 def restride_all(obj: Any) -> None:
@@ -186,6 +216,13 @@ class LazyTensor(torch.Tensor):
                 return owner.materialize(self, reason)
         return self._ae_materialize(reason)
 
+    def _ae_expose(self, reason: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        real = self._ae_read(reason, exposes=True)
+        out = getattr(real, name)(*args, **kwargs)
+        with suspended():
+            note_export(name, real, out)
+        return out
+
     # -- Python-level reads: always of the real tensor -------------------------------
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         # Note [Printing like eager]
@@ -211,32 +248,33 @@ class LazyTensor(torch.Tensor):
             return self._ae_read("format").__format__(format_spec)
         return object.__format__(self, format_spec)
 
+    # What these expose is remembered (Note [Exported memory], exported.py).
     def numpy(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self._ae_read("numpy", exposes=True).numpy(*args, **kwargs)
+        return export_array(self._ae_read("numpy", exposes=True).numpy(*args, **kwargs))
 
     def tolist(self) -> Any:  # type: ignore[override]
         return self._ae_read("tolist").tolist()
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._ae_read("numpy", exposes=True).__array__(*args, **kwargs)
+        return export_array(self._ae_read("numpy", exposes=True).__array__(*args, **kwargs))
 
     def data_ptr(self) -> int:  # type: ignore[override]
-        return self._ae_read("data_ptr", exposes=True).data_ptr()
+        return self._ae_expose("data_ptr", "data_ptr")
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self._ae_read("dlpack", exposes=True).__dlpack__(*args, **kwargs)
+        return self._ae_expose("dlpack", "__dlpack__", *args, **kwargs)
 
     def __dlpack_device__(self) -> Any:  # type: ignore[override]
         return self._ae_materialize("dlpack").__dlpack_device__()
 
     def untyped_storage(self) -> Any:  # type: ignore[override]
-        return self._ae_read("storage", exposes=True).untyped_storage()
+        return self._ae_expose("storage", "untyped_storage")
 
     def storage(self) -> Any:  # type: ignore[override]
-        return self._ae_read("storage", exposes=True).storage()
+        return self._ae_expose("storage", "storage")
 
     def _typed_storage(self) -> Any:
-        return self._ae_read("storage", exposes=True)._typed_storage()
+        return self._ae_expose("storage", "_typed_storage")
 
     def __reduce_ex__(self, proto: Any) -> Any:
         real = self._ae_read("pickle")

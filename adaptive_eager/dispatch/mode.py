@@ -36,8 +36,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 from ..config import Options
 from ..fusion.policy import without_dropout
 from ..runtime import Counters, Executor
+from .exported import Exported
 from .lazy import _TLS as _LAZY_TLS
-from .lazy import LazyTensor, unwrap_all
+from .lazy import LazyTensor, bind, unwrap_all
 from .meta import MetaFailure, MetaMemo
 from .optable import Kind, OpTable, OpTraits
 from .recorder import OutputMismatch, Recorder
@@ -326,9 +327,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
             else:
                 fresh = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=spec.device)
             func(fresh, *unwrap_all(args[1:], {}, "random")[0], **unwrap_all((), kwargs, "random")[1])
-            self.recorder.record(aten.copy_.default, self.table.traits(aten.copy_.default),
-                                 (target, fresh), {})
-            self.counters.ops_captured += 1
+            self._on_record(_COPY_, self.table.traits(_COPY_), (target, fresh), {})
             return target
         touches_window = rest_unbound or _has_unbound(args[:1]) or any(
             isinstance(a, torch.Tensor) and self.recorder.holds(a) for a in args
@@ -357,6 +356,11 @@ class AdaptiveEagerMode(TorchDispatchMode):
         # Meta execution failed: either the call is invalid (eager raises too, and must
         # raise here, at the user's line) or the op lacks a meta kernel. Running it for
         # real tells which; only the second is remembered.
+        if isinstance(failure, Exported):  # Note [Exported memory] (exported.py)
+            tensors = _tensors(args, kwargs)
+            if _has_unbound(tensors) or any(self.recorder.vid_of(t) is not None for t in tensors):
+                self.flush(failure.reason, user_source(3))
+            return self._run_real(func, args, kwargs)
         if not failure.marks_op:  # valid, but its result cannot be a handle
             return self._sync_then_run(func, args, kwargs, "uncapturable")
         self.flush("no_meta_kernel")
@@ -433,7 +437,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
             if sliced is None:
                 self._remember_bound(live)
             for h in live:
-                real = h._ae_real = values[h._ae_vid]
+                real = bind(h, values[h._ae_vid])  # Note [Bound handles hold their memory]
                 spec = h._ae_spec
                 if real.stride() != spec.stride or real.shape != spec.shape:
                     # Note [Meta disagrees with the kernel]: a few meta kernels promise other

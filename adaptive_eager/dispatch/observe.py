@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .direct import HANDLERS
+from .exported import note_export
 from .lazy import suspended
 from .mode import AdaptiveEagerMode, _tensors
 from .source import called_by_user, user_source
@@ -44,10 +46,12 @@ _OBSERVERS = {
     for name in (
         "__repr__", "__format__", "numpy", "tolist", "__array__", "data_ptr", "__dlpack__",
         "untyped_storage", "storage", "_typed_storage", "__reduce_ex__", "__deepcopy__",
-        "__setstate__", "__getstate__",
+        "__setstate__", "__getstate__", "share_memory_",
     )
     if hasattr(torch.Tensor, name)
 }
+# Torch functions handled in their own way (Note [Behind the dispatcher], direct.py).
+_OBSERVERS.update({func: "direct" for func in HANDLERS})
 
 
 # Reads that end the eager warm-up (Note [The first iteration runs eagerly]): the
@@ -110,7 +114,11 @@ class ObserveMode(TorchFunctionMode):
                     # Note [The first iteration runs eagerly]: the program's read ends it
                     # (torch's own, like an optimizer reading its step count, does not).
                     mode.end_warmup(f"observe:{_READS[func].strip('_')}", user_source(2))
-                return func(*args, **kwargs) if kwargs else func(*args)
+                name = _OBSERVERS.get(func)
+                if name is None:
+                    return func(*args, **kwargs) if kwargs else func(*args)
+                # Nothing is pending, but exports are remembered and handles unwrapped.
+                return self._observe(name, func, args, kwargs or {})
             mode.unpark()
         kwargs = kwargs or {}
         should_defer = mode._should_defer
@@ -119,17 +127,25 @@ class ObserveMode(TorchFunctionMode):
                 mode.park()  # Note [Parking the mode]
         name = _OBSERVERS.get(func)
         if name is not None:
-            if len(self.mode.recorder):
-                # Copies out (repr, tolist, pickle) need only their tensors' values; what
-                # exposes memory (numpy, data_ptr, storage, dlpack) can be written through,
-                # so everything pending runs first.
-                targets = _tensors(args, kwargs) if name in _COPYING_OBSERVERS else None
-                self.mode.flush(f"observe:{name.strip('_')}", user_source(2), targets=targets)
-            # The read itself runs ops (numpy() and storage() detach, repr formats):
-            # on real tensors, for real, or it would read a handle's empty storage.
-            with suspended():
-                return func(*args, **kwargs)
+            return self._observe(name, func, args, kwargs)
         return func(*args, **kwargs)
+
+    def _observe(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        if name == "direct":
+            return HANDLERS[func](self.mode, func, args, kwargs)
+        if len(self.mode.recorder):
+            # Copies out (repr, tolist, pickle) need only their tensors' values; what
+            # exposes memory (numpy, data_ptr, storage, dlpack) can be written through,
+            # so everything pending runs first.
+            targets = _tensors(args, kwargs) if name in _COPYING_OBSERVERS else None
+            self.mode.flush(f"observe:{name.strip('_')}", user_source(3), targets=targets)
+        # The read itself runs ops (numpy() and storage() detach, repr formats):
+        # on real tensors, for real, or it would read a handle's empty storage.
+        with suspended():
+            out = func(*args, **kwargs)
+            if name not in _COPYING_OBSERVERS:
+                note_export(name, args[0], out)  # Note [Exported memory]
+        return out
 
 
 __all__ = ["ObserveMode"]

@@ -4,7 +4,7 @@ Example::
 
     >>> import torch, adaptive_eager as ae
     >>> from adaptive_eager.dispatch.opaque import OPAQUE_CALLS
-    >>> ("torch.nn.parallel", "DistributedDataParallel", "__init__") in OPAQUE_CALLS
+    >>> ("torch.nn.parallel", "DistributedDataParallel", "__init__", "call") in OPAQUE_CALLS
     True
 """
 
@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import threading
 from typing import Any, Callable
 
+import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from .lazy import suspended
+from .exported import export, export_storage
+from .lazy import suspended, unwrap_all
 
 # Note [Opaque calls]
 # Some C++ code allocates tensors through the dispatcher and then reads or writes
@@ -26,39 +29,91 @@ from .lazy import suspended
 # writes (copy_ into a buffer it then reads) would still be pending when it reads:
 # DistributedDataParallel's constructor does both (_verify_params_across_processes
 # fills a metadata tensor through an accessor, broadcasts it, copy_s it back and
-# compares through an accessor). Such calls are listed here. While a session is
-# active they are wrapped: everything the thread has pending runs first (flush reason
-# "opaque:<name>"), then the call runs with capture suspended, so it sees and makes
-# plain tensors, exactly as in eager. The wrappers are installed once, when the first
-# session is made, and only act in threads where the runtime is capturing.
-OPAQUE_CALLS: tuple[tuple[str, str, str], ...] = (
-    ("torch.nn.parallel", "DistributedDataParallel", "__init__"),
+# compares through an accessor); moving a storage to shared memory copies it with a
+# dispatched copy_ into memory it then swaps in (a tensor shared in the block read as
+# zeros). Other C++ takes a tensor and reads its memory directly: ``set_rng_state``
+# (a state cloned in the block: "data is not allocated yet"), DLPack export. Such
+# calls are listed here. While a session is active they are wrapped: everything the
+# thread has pending runs first (flush reason "opaque:<name>"), handles among the
+# arguments are replaced by their real tensors, and the call runs with capture
+# suspended, so it sees and makes plain tensors, exactly as in eager. What exports
+# memory is remembered (Note [Exported memory], exported.py). The wrappers are
+# installed once, when the first session is made, and only act in threads where the
+# runtime is capturing. Methods of C++ types cannot be wrapped (``Generator.set_state``
+# called directly: README, Limitations); their Python entry points are.
+#
+# Entries: (module, owner, attribute, what): owner "" for a module-level function;
+# what is "call" (flush, real arguments, suspended), "export" (the same, then the
+# first argument's memory is exported for good) or "handoff" (flush only: the
+# program hands objects to another thread, Note [Threads see what was synced]).
+OPAQUE_CALLS: tuple[tuple[str, str, str, str], ...] = (
+    ("torch.nn.parallel", "DistributedDataParallel", "__init__", "call"),
+    ("torch", "", "set_rng_state", "call"),
+    ("torch.random", "", "set_rng_state", "call"),
+    ("torch", "", "to_dlpack", "export"),
+    ("torch.utils.dlpack", "", "to_dlpack", "export"),
+    ("torch.storage", "UntypedStorage", "_share_fd_cpu_", "export"),
+    ("torch.storage", "UntypedStorage", "_share_filename_cpu_", "export"),
+    ("queue", "Queue", "put", "handoff"),
 )
 
-_INSTALLED: set[tuple[str, str, str]] = set()
+# Note [Threads see what was synced]
+# Modes are per thread, and so are windows: a write deferred in one thread is not
+# seen by another until the writing thread flushes. The rule: what a thread wrote is
+# visible to other threads and processes from its next sync on, and the runtime syncs
+# at the hand-offs it can see: putting an object on a ``queue.Queue`` (an evaluator
+# thread handed the model), ``os.fork`` (multiprocessing's fork start method), pickling
+# for another process, and every read, optimizer step end and block exit. Writes to
+# shared memory (``share_memory_()``) are never deferred (Note [Exported memory]).
+# Hand-offs it cannot see (a shared variable behind a lock, an Event) need
+# ``adaptive_eager.sync()`` before them (README, Limitations).
+
+_INSTALLED: set[tuple[str, str, str, str]] = set()
 _LOCK = threading.Lock()
 
 
-def _flush_this_thread(reason: str) -> None:
+def _flush_this_thread(reason: str) -> bool:
+    """Flush every runtime mode of this thread; whether one was capturing."""
     from .mode import AdaptiveEagerMode  # noqa: PLC0415 - mode imports this module's users
 
+    found = False
     for mode in _get_current_dispatch_mode_stack():
         if isinstance(mode, AdaptiveEagerMode):
             mode.flush(reason)
+            found = True
+    return found
 
 
-def opaque(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+def opaque(fn: Callable[..., Any], name: str, what: str = "call") -> Callable[..., Any]:
     """Wrap ``fn`` so that it runs after a flush, with capture suspended."""
     reason = f"opaque:{name}"
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _flush_this_thread(reason)
-        with suspended():
-            return fn(*args, **kwargs)
+        if _flush_this_thread(reason) and what != "handoff":
+            args, kwargs = unwrap_all(args, kwargs, reason)
+            with suspended():
+                out = fn(*args, **kwargs)
+        else:
+            out = fn(*args, **kwargs)
+        if what == "export":  # in any thread, capturing or not: memory is shared by all
+            first = args[0]
+            with suspended():
+                if isinstance(first, torch.Tensor):
+                    export(first)
+                else:
+                    export_storage(first)
+        return out
 
     wrapper._ae_opaque = fn  # type: ignore[attr-defined]
     return wrapper
+
+
+def _before_fork() -> None:
+    try:
+        _flush_this_thread("opaque:fork")
+    except Exception:  # noqa: BLE001 - never stop a fork; the child sees what was synced
+        pass
 
 
 def install() -> None:
@@ -67,16 +122,20 @@ def install() -> None:
         for entry in OPAQUE_CALLS:
             if entry in _INSTALLED:
                 continue
-            module, owner, attr = entry
+            module, owner, attr, what = entry
             try:
-                obj = getattr(importlib.import_module(module), owner)
+                mod = importlib.import_module(module)
+                obj = getattr(mod, owner) if owner else mod
             except (ImportError, AttributeError):
                 continue  # not in this torch build (distributed off): nothing to wrap
-            fn = obj.__dict__.get(attr) if isinstance(obj, type) else getattr(obj, attr)
+            fn = obj.__dict__.get(attr) if isinstance(obj, type) else getattr(obj, attr, None)
             if fn is None or hasattr(fn, "_ae_opaque"):
                 continue
-            setattr(obj, attr, opaque(fn, owner))
+            setattr(obj, attr, opaque(fn, owner or attr, what))
             _INSTALLED.add(entry)
+        if "fork" not in _INSTALLED and hasattr(os, "register_at_fork"):
+            os.register_at_fork(before=_before_fork)
+            _INSTALLED.add("fork")  # type: ignore[arg-type]
 
 
 __all__ = ["OPAQUE_CALLS", "install", "opaque"]

@@ -28,6 +28,7 @@ import torch
 
 from ..fusion.ir import OpNode, TensorSpec, ValueRef, Window
 from ..fusion.slicing import needed_nodes
+from .exported import _EXPORTED, Exported, is_exported
 from .lazy import LazyTensor, Owner
 from .meta import MetaFailure, MetaMemo, MetaResult, Uncapturable, meta_execute
 from .optable import OpTraits, derive_traits
@@ -104,11 +105,13 @@ class Recorder:
             if t.layout != torch.strided or t.is_conj() or t.is_neg() or t._is_zerotensor():
                 # A spec cannot describe it (no strides; no conj/neg bit): run for real.
                 raise Uncapturable(RuntimeError(f"input of layout {t.layout}, conj={t.is_conj()}"))
+            sid = _storage_id(t)
+            if sid in _EXPORTED and is_exported(sid):
+                raise Exported(RuntimeError("the op touches memory read outside the dispatcher"))
             spec = TensorSpec.of(t)
             vid = self._new_value(spec, self.memo.intern(spec))
             self._input_ids[id(t)] = vid
             self.inputs[vid] = t
-            sid = _storage_id(t)
             if sid is not None:
                 first = self._storages.setdefault(sid, vid)
                 if first != vid:

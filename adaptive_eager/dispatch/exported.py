@@ -1,0 +1,154 @@
+"""Storages the program has handed to readers and writers outside the dispatcher.
+
+Note [Exported memory]
+A numpy array from ``t.numpy()``, a DLPack capsule, a raw ``data_ptr()``, a storage
+object, or shared memory (``share_memory_()``) reads and writes a tensor's memory
+without dispatching an op, so a deferred write to that memory would be missed by a
+read through the alias (``arr = w.numpy(); w.add_(1); arr[0]``), and a deferred read
+would see a write made through it (``arr[:] = 0``) too early. Such a storage is
+remembered here at export time (the observers that flush before those calls see it
+happen), and every op that touches it runs at once instead of being recorded
+(recorder ``_input_vid`` raises :class:`Exported`; the window is flushed first when it
+touches the op's other tensors). The check costs a dict lookup when a real tensor
+first enters a window, nothing per op.
+
+How long a storage stays exported:
+- numpy: while the array (or a view of it) lives: numpy's base chain holds the tensor
+  object ``numpy()`` made for it, which is what is watched.
+- storage objects: while the Python storage object lives.
+- data_ptr, DLPack, shared memory: until the storage is freed (an address or a
+  capsule can outlive every Python object we could watch). A c10 weak reference
+  (``StorageWeakRef``) tells when; it also keeps the address from being reused by
+  another storage meanwhile.
+Entries whose storage or watched object died are dropped as they are met, and all of
+them when the registry doubles in size, so it stays bounded by what is alive.
+
+Example::
+
+    >>> import torch
+    >>> t = torch.zeros(2)
+    >>> export(t)
+    >>> is_exported(torch._C._storage_id(t))
+    True
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from .meta import MetaFailure
+
+# storage id -> (weak reference to the storage, weak reference to the object whose
+# life keeps it exported, or None: until the storage is freed). A process-wide
+# registry: memory is shared by every thread.
+_EXPORTED: dict[int, tuple[StorageWeakRef, Any]] = {}
+_LOCK = threading.Lock()
+_PRUNE_AT = [1024]
+
+
+class Exported(MetaFailure):
+    """The op touches exported memory: it runs now, for real (Note [Exported memory])."""
+
+    marks_op = False
+    reason = "exported_memory"
+
+
+def _storage_of(t: torch.Tensor) -> Any:
+    try:
+        with torch._C.DisableTorchFunction():  # not an export of its own (ObserveMode)
+            return t.untyped_storage()
+    except Exception:  # noqa: BLE001 - sparse, storage-less or foreign tensors
+        return None
+
+
+def export(t: torch.Tensor, keeper: Any = None) -> None:
+    """Remember ``t``'s storage as exported, while ``keeper`` lives (None: until freed).
+
+    Call with capture suspended (``t.untyped_storage()`` of a handle would flush).
+    """
+    if isinstance(t, torch.Tensor) and t.device.type != "meta":
+        export_storage(_storage_of(t), keeper)
+
+
+def export_storage(storage: Any, keeper: Any = None) -> None:
+    """:func:`export` for a storage object (untyped or typed)."""
+    storage = getattr(storage, "_untyped_storage", storage)
+    if not isinstance(storage, torch.UntypedStorage) or storage.device.type == "meta" \
+            or storage.nbytes() == 0:
+        return
+    sid = storage._cdata
+    ref = StorageWeakRef(storage)
+    watch = None
+    if keeper is not None:
+        try:
+            watch = weakref.ref(keeper)
+        except TypeError:
+            watch = None  # not weakly referenceable: exported until the storage is freed
+    with _LOCK:
+        old = _EXPORTED.get(sid)
+        if old is not None and _alive(old):
+            if old[1] is None:
+                return  # already exported for the storage's whole life
+            if watch is None or old[1]() is not keeper:
+                watch = None  # two objects to watch: exported until the storage is freed
+        _EXPORTED[sid] = (ref, watch)
+        if len(_EXPORTED) > _PRUNE_AT[0]:
+            for k in [k for k, v in _EXPORTED.items() if not _alive(v)]:
+                del _EXPORTED[k]
+            _PRUNE_AT[0] = max(1024, 2 * len(_EXPORTED))
+
+
+def _alive(entry: tuple[StorageWeakRef, Any]) -> bool:
+    ref, watch = entry
+    if ref.expired():
+        return False
+    return watch is None or watch() is not None
+
+
+def is_exported(sid: int) -> bool:
+    """Whether the storage with this id (``torch._C._storage_id``) is exported now."""
+    entry = _EXPORTED.get(sid)
+    if entry is None:
+        return False
+    if _alive(entry):
+        return True
+    with _LOCK:
+        if _EXPORTED.get(sid) is entry:
+            del _EXPORTED[sid]
+    return False
+
+
+def export_array(arr: Any) -> Any:
+    """Remember the tensor behind numpy array ``arr`` while the array lives; returns ``arr``."""
+    keeper = arr
+    while keeper is not None and not isinstance(keeper, torch.Tensor):
+        keeper = getattr(keeper, "base", None)
+    if keeper is not None:
+        export(keeper, keeper)
+    return arr
+
+
+# What each exposing read leaves exported (the tensor read, the read's result):
+# numpy arrays while they live, storage objects while they live, the rest for good.
+def note_export(name: str, tensor: Any, out: Any) -> None:
+    """Remember what an exposing read (``numpy``, ``data_ptr``, ...) of ``tensor`` exported."""
+    if name in ("numpy", "__array__"):
+        export_array(out)
+    elif name in ("untyped_storage", "storage", "_typed_storage"):
+        export(tensor, out)
+    elif name in ("data_ptr", "__dlpack__", "share_memory_"):
+        export(tensor)
+
+
+def clear() -> None:
+    """Forget every export (tests)."""
+    with _LOCK:
+        _EXPORTED.clear()
+
+
+__all__ = ["Exported", "export", "export_storage", "export_array", "is_exported", "note_export", "clear"]
