@@ -276,18 +276,46 @@ class LazyTensor(torch.Tensor):
     def _typed_storage(self) -> Any:
         return self._ae_expose("storage", "_typed_storage")
 
+    # Note [Copies of handles are eager's copies]
+    # copy.deepcopy, pickle, torch.save and copy.copy of a handle give what they give for
+    # the tensor eager would hold: a plain tensor sharing the handle's memory, or a
+    # Parameter for a parameter made in the block (``_is_param``), with the handle's
+    # requires_grad, leafness, grad and Python attributes. Torch's own __deepcopy__ and
+    # __reduce_ex__ then run on it (capture suspended, so the copies are real), which
+    # keeps eager's answers: Parameters stay Parameters, storage shared within one
+    # deepcopy memo stays shared, non-leaves refuse deepcopy with eager's error.
+    def _ae_eager_object(self, reason: str) -> torch.Tensor:
+        real = self._ae_read(reason)
+        grad = self.grad if self.is_leaf else None  # a non-leaf's .grad warns
+        with suspended():
+            stand = real.detach()
+            if getattr(self, "_is_param", False):
+                stand = torch.nn.Parameter(stand, requires_grad=self.requires_grad)
+            elif self.requires_grad:
+                stand.requires_grad_(True)
+                if not self.is_leaf:
+                    stand = stand.view_as(stand)  # a non-leaf, like the handle
+            if grad is not None and stand.is_leaf:
+                stand.grad = unwrap(grad, reason)
+        for k, v in self.__dict__.items():
+            if not k.startswith("_ae_") and k != "_is_param":
+                stand.__dict__[k] = v
+        return stand
+
     def __reduce_ex__(self, proto: Any) -> Any:
-        real = self._ae_read("pickle")
-        with suspended():  # under the mode, detach() would return a handle: recursion
-            real = real.detach()
-        real.requires_grad_(self.requires_grad)
-        return real.__reduce_ex__(proto)
+        stand = self._ae_eager_object("pickle")
+        with suspended():
+            return stand.__reduce_ex__(proto)
 
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
-        real = self._ae_read("deepcopy")
+        if id(self) in memo:
+            return memo[id(self)]
+        stand = self._ae_eager_object("deepcopy")
+        # torch memoizes by id(stand): keep stand alive for the memo's life (as copy does),
+        # or the next stand-in could reuse its id and be given this copy.
+        memo.setdefault(id(memo), []).append(stand)
         with suspended():
-            out = real.detach().clone()
-        out.requires_grad_(self.requires_grad and self.is_leaf)
+            out = stand.__deepcopy__(memo)
         memo[id(self)] = out
         return out
 

@@ -32,7 +32,11 @@ from .lazy import suspended, unwrap_all
 # compares through an accessor); moving a storage to shared memory copies it with a
 # dispatched copy_ into memory it then swaps in (a tensor shared in the block read as
 # zeros). Other C++ takes a tensor and reads its memory directly: ``set_rng_state``
-# (a state cloned in the block: "data is not allocated yet"), DLPack export. Such
+# (a state cloned in the block: "data is not allocated yet"), DLPack export. Copies
+# are eager's when made of real tensors (Note [Copies of handles are eager's copies],
+# lazy.py): ``torch.save``/``torch.load`` and the rebuild functions unpickling calls
+# (whose tensors would be handles, and a parameter of a handle a LazyTensor), and
+# ``Parameter.__deepcopy__``. Such
 # calls are listed here. While a session is active they are wrapped: everything the
 # thread has pending runs first (flush reason "opaque:<name>"), handles among the
 # arguments are replaced by their real tensors, and the call runs with capture
@@ -54,6 +58,16 @@ OPAQUE_CALLS: tuple[tuple[str, str, str, str], ...] = (
     ("torch.utils.dlpack", "", "to_dlpack", "export"),
     ("torch.storage", "UntypedStorage", "_share_fd_cpu_", "export"),
     ("torch.storage", "UntypedStorage", "_share_filename_cpu_", "export"),
+    ("torch", "", "save", "call"),
+    ("torch.serialization", "", "save", "call"),
+    ("torch", "", "load", "call"),
+    ("torch.serialization", "", "load", "call"),
+    ("torch.nn.parameter", "Parameter", "__deepcopy__", "call"),
+    *(("torch._utils", "", name, "call") for name in (
+        "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
+        "_rebuild_parameter_with_state", "_rebuild_device_tensor_from_cpu_tensor",
+        "_rebuild_device_tensor_from_numpy")),
+    ("torch._tensor", "", "_rebuild_from_type_v2", "call"),
     ("queue", "Queue", "put", "handoff"),
 )
 
