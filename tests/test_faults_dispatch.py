@@ -388,3 +388,172 @@ def test_model_handed_to_another_thread_through_a_queue():
     expected = _stepped_and_handed_over(contextlib.nullcontext)
     actual = _stepped_and_handed_over(mode)
     assert_same(expected, actual, exact=True)
+
+
+# -- item 7: deepcopy and pickle of handles ----------------------------------------------
+
+def _describe(obj) -> list:
+    """What a copy looks like: type, value, requires_grad, leafness, grad, for every tensor."""
+    out = []
+    tensors = obj if isinstance(obj, list) else list(obj.values()) if isinstance(obj, dict) \
+        else list(obj.parameters()) + list(obj.buffers())
+    for t in tensors:
+        out.append((type(t).__name__, isinstance(t, nn.Parameter), t.requires_grad, t.is_leaf,
+                    t.detach().clone(), None if t.grad is None else t.grad.clone()))
+    return out
+
+
+def _copies_program(build_inside: bool, capture) -> list:
+    import copy
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    out = []
+    outside = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    x = torch.randn(8, 4)
+    with capture():
+        m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)) if build_inside else outside
+        m[0].weight.grad = None
+        m(x).sum().backward()                      # grads (handles under the runtime)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.sub_(0.1 * p.grad)               # pending updates of the parameters
+        m2 = copy.deepcopy(m)
+        out.append(_describe(m2))
+        leaf = torch.ones(3, requires_grad=True)
+        leaf.grad = torch.full((3,), 2.0) * 1
+        h = torch.arange(6.0) * 2
+        shared = {"a": h, "b": h[2:], "leaf": leaf, "w": m[0].weight, "w again": m[0].weight}
+        c = copy.deepcopy(shared)
+        out.append(_describe(c))
+        out.append(c["a"].untyped_storage()._cdata == c["b"].untyped_storage()._cdata)
+        out.append(c["w"] is c["w again"])
+        c["a"].add_(100)
+        out.append(c["b"].clone())                 # shares memory with c["a"], as in eager
+        nonleaf = leaf * 2
+        try:
+            copy.deepcopy(nonleaf)
+            out.append("copied")
+        except RuntimeError as e:
+            out.append(str(e)[:40])
+        p = pickle.loads(pickle.dumps(m[0].weight))
+        out.append(_describe([p]))
+        out.append(_describe([pickle.loads(pickle.dumps(nonleaf))]))
+        buf = io.BytesIO()
+        torch.save({"model": m, "state": m.state_dict(), "h": h, "view": h[1:]}, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        out.append(_describe(loaded["model"]))
+        out.append(_describe(dict(loaded["state"])))
+        out.append(loaded["h"].untyped_storage()._cdata == loaded["view"].untyped_storage()._cdata)
+        out.append(copy.copy(h).tolist())
+    return out
+
+
+@pytest.mark.parametrize("build_inside", [False, True])
+def test_deepcopy_and_pickle_match_eager(build_inside):
+    import contextlib
+
+    expected = _copies_program(build_inside, contextlib.nullcontext)
+    actual = _copies_program(build_inside, mode)
+    assert_same(expected, actual)
+
+
+# -- item 13: memory formats ---------------------------------------------------------------
+
+_FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """What the program can ask about a tensor's layout (asked before any flush)."""
+    fmts = tuple(t.is_contiguous(memory_format=f) if t.dim() == {torch.channels_last: 4,
+                 torch.channels_last_3d: 5}.get(f, t.dim()) else None for f in _FORMATS)
+    return (tuple(t.shape), t.stride(), t.is_contiguous(), fmts)
+
+
+def _cnn_program(kind: str, device: str) -> list:
+    torch.manual_seed(0)
+    if kind == "2d":
+        fmt = torch.channels_last
+        m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten(),
+                          nn.Linear(4 * 4 * 4, 2))
+        x = torch.randn(2, 3, 8, 8)
+    elif kind == "3d":
+        fmt = torch.channels_last_3d
+        m = nn.Sequential(nn.Conv3d(2, 4, 3, padding=1), nn.BatchNorm3d(4), nn.ReLU(),
+                          nn.MaxPool3d(2), nn.Conv3d(4, 3, 1), nn.Flatten(), nn.Linear(3 * 8, 2))
+        x = torch.randn(2, 2, 4, 4, 4)
+    else:  # a vision block: weight-only channels_last, pooling, upsampling, pixel shuffle
+        fmt = torch.channels_last
+        m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.MaxPool2d(2), nn.Upsample(scale_factor=2, mode="bilinear"),
+                          nn.PixelShuffle(2), nn.Conv2d(2, 3, 3, groups=1), nn.AdaptiveAvgPool2d(2),
+                          nn.Flatten(), nn.Linear(12, 2))
+        x = torch.randn(2, 4, 8, 8)
+    m = m.to(device).to(memory_format=fmt)
+    if kind != "block":
+        x = x.to(memory_format=fmt)
+    x = x.to(device).requires_grad_()
+    layouts = []
+    h = x
+    for layer in m:
+        h = layer(h)
+        layouts.append(_layout(h))                 # before any flush
+    loss = h.pow(2).sum()
+    loss.backward()
+    grads = [p.grad for p in m.parameters()] + [x.grad]
+    layouts += [_layout(g) for g in grads]
+    return [layouts, loss.detach(), *grads]
+
+
+@pytest.mark.parametrize("kind", ["2d", "3d", "block"])
+def test_memory_formats_forward_and_backward(device, kind):
+    expected = _cnn_program(kind, device)
+    with mode(device=device):
+        actual = _cnn_program(kind, device)
+    assert_same(expected[0], actual[0])            # strides and is_contiguous answers
+    assert_same(expected[1:], actual[1:], rtol=1e-5, atol=1e-6)
+
+
+def _strided_program(device: str) -> list:
+    torch.manual_seed(0)
+    a = torch.randn(4, 6, 5).to(device)
+    out = []
+    for t in (a.transpose(0, 2) * 2, a[:, ::2] + 1, a.permute(2, 0, 1).relu(),
+              a.expand(2, 4, 6, 5).sum(0), torch.nn.functional.conv1d(torch.randn(4, 5, 6).to(device).transpose(1, 2),
+              torch.randn(3, 6, 2).to(device)), a.transpose(1, 2) @ torch.randn(6, 3).to(device),
+              a.transpose(1, 2).contiguous(), a.transpose(1, 2).clone(), a.to(memory_format=torch.preserve_format)):
+        out.append(_layout(t))
+        out.append(t)
+    try:
+        a.transpose(1, 2).view(-1)                 # eager raises here, at this line
+    except RuntimeError as e:
+        out.append(str(e)[:40])
+    return out
+
+
+def test_non_contiguous_outputs(device):
+    expected = _strided_program(device)
+    with mode(device=device):
+        actual = _strided_program(device)
+    assert_same(expected, actual, rtol=1e-5, atol=1e-6)
+
+
+def test_layouts_the_meta_kernel_gets_wrong_are_learned():
+    from adaptive_eager.dispatch.meta import KERNEL_LAYOUT_OPS
+
+    op = torch.ops.aten.linalg_eig.default         # vectors: meta (5, 1), kernel (1, 5)
+    KERNEL_LAYOUT_OPS.discard(op)
+    try:
+        x = torch.randn(5, 5)
+        expected = [t.stride() for t in torch.linalg.eig(x)]
+        with mode():
+            first = torch.linalg.eig(x)
+            first[1].abs().sum().item()            # its flush finds the real strides
+            assert [t.stride() for t in first] == expected
+            assert op in KERNEL_LAYOUT_OPS
+            second = torch.linalg.eig(x * 1)
+            assert [t.stride() for t in second] == expected  # right before its flush
+    finally:
+        KERNEL_LAYOUT_OPS.add(op)

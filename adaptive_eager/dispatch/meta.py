@@ -69,7 +69,7 @@ class Uncapturable(MetaFailure):
     marks_op = False
 
 
-def _meta_tensor(spec: TensorSpec) -> torch.Tensor:
+def _meta_tensor(spec: TensorSpec, device: Any = "meta") -> torch.Tensor:
     # Room for the view: the largest offset reachable plus one.
     extent = spec.storage_offset + 1
     for size, stride in zip(spec.shape, spec.stride):
@@ -77,25 +77,83 @@ def _meta_tensor(spec: TensorSpec) -> torch.Tensor:
             extent = spec.storage_offset
             break
         extent += (size - 1) * abs(stride)
-    base = torch.empty((max(extent, 0),), dtype=spec.dtype, device="meta")
+    if device == "meta":
+        base = torch.empty((max(extent, 0),), dtype=spec.dtype, device="meta")
+    else:
+        base = torch.zeros((max(extent, 0),), dtype=spec.dtype, device=device)
     return base.as_strided(spec.shape, spec.stride, spec.storage_offset)
 
 
-def to_meta_args(obj: Any, specs: Mapping[int, TensorSpec], cache: dict[int, torch.Tensor]) -> Any:
+def to_meta_args(obj: Any, specs: Mapping[int, TensorSpec], cache: dict[int, torch.Tensor],
+                 real: bool = False) -> Any:
     """ValueRefs become meta tensors built from ``specs`` (one per value id, so a value
-    passed twice aliases itself as in eager)."""
+    passed twice aliases itself as in eager); with ``real``, zero-filled real tensors of
+    the same layout on the specs' devices (Note [Layouts only the kernel knows])."""
     if isinstance(obj, ValueRef):
         t = cache.get(obj.id)
         if t is None:
-            t = cache[obj.id] = _meta_tensor(specs[obj.id])
+            spec = specs[obj.id]
+            t = cache[obj.id] = _meta_tensor(spec, spec.device if real else "meta")
         return t
     if isinstance(obj, tuple):
-        return tuple(to_meta_args(o, specs, cache) for o in obj)
+        return tuple(to_meta_args(o, specs, cache, real) for o in obj)
     if isinstance(obj, list):
-        return [to_meta_args(o, specs, cache) for o in obj]
-    if isinstance(obj, torch.device):
+        return [to_meta_args(o, specs, cache, real) for o in obj]
+    if isinstance(obj, torch.device) and not real:
         return torch.device("meta")
     return obj
+
+
+# Note [Layouts only the kernel knows]
+# A meta kernel sees no device, and some output layouts depend on the device's kernel:
+# convolution's meta kernel reports contiguous strides while the CPU kernel (and the
+# emulated neuron device, which runs it) returns channels_last for a channels_last input
+# or weight (torch's meta_conv says so; FakeTensor asks the conv backend instead). A
+# handle reporting contiguous strides made ``x.is_contiguous()`` answer differently
+# before the flush, and a later ``view`` (Flatten) was accepted at record time and
+# failed when the window ran ("view size is not compatible"). For such ops the output
+# specs come from running the real kernel once per memo key on zero-filled stand-ins of
+# the inputs' layouts (on their devices; the memo makes it once per shape): the strides
+# the real kernel will produce. The set starts with the convolutions, and it learns:
+# when a flush finds a handle whose real strides or shape differ from its spec (Note
+# [Meta disagrees with the kernel] in mode.py), its op joins the set and the memo
+# forgets that op's entries, so from the next capture on its handles are right before
+# the flush too. A stand-in run that raises (a kernel rejecting zeros) keeps meta's
+# answer. Measured (torch 2.13, CPU; meta vs kernel over OpInfo's first samples and
+# common vision ops in channels_last/channels_last_3d): the convolutions, pixel_shuffle
+# (strides of size-1 dims), _fft_r2c, _linalg_svd, linalg_eig, native_batch_norm's
+# saved statistics (shape, in eval); a size-1 dim's stride of elementwise ops (mul of
+# (1, 3, 2) shapes) differs too, which no layout question depends on and is not learned.
+_aten = torch.ops.aten
+KERNEL_LAYOUT_OPS = {
+    _aten.convolution.default, _aten._convolution.default, _aten._convolution.deprecated,
+    _aten.convolution_backward.default, _aten.pixel_shuffle.default,
+    _aten.pixel_unshuffle.default, _aten._fft_r2c.default, _aten._linalg_svd.default,
+    _aten.linalg_eig.default, _aten.native_batch_norm.default,
+    _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit_no_training.default,
+}
+
+
+def _kernel_layout(func: Any, args: tuple, kwargs: dict, specs: Mapping[int, TensorSpec],
+                   meta: "MetaResult") -> "MetaResult":
+    cache: dict[int, torch.Tensor] = {}
+    try:
+        with torch.no_grad():
+            out = func(*to_meta_args(args, specs, cache, True),
+                       **{k: to_meta_args(v, specs, cache, True) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - keep meta's answer
+        return meta
+    outs = (out,) if isinstance(out, torch.Tensor) else tuple(out or ())
+    if len(outs) != len(meta.specs):
+        return meta
+    fixed = []
+    for t, m in zip(outs, meta.specs):
+        if m is None or not isinstance(t, torch.Tensor) or t.dtype != m.dtype:
+            fixed.append(m)
+        else:
+            fixed.append(TensorSpec(tuple(t.shape), tuple(t.stride()), t.storage_offset(), m.dtype,
+                                    m.device))
+    return MetaResult(tuple(fixed), meta.structure)
 
 
 def _spec_out(t: Any, device: torch.device) -> TensorSpec | None:
@@ -125,9 +183,13 @@ def meta_execute(
     if out is None:
         return MetaResult((), "none")
     if isinstance(out, torch.Tensor):
-        return MetaResult((_spec_out(out, device),), "tensor")
-    structure = "list" if isinstance(out, list) else "tuple"
-    return MetaResult(tuple(_spec_out(t, device) for t in out), structure)
+        result = MetaResult((_spec_out(out, device),), "tensor")
+    else:
+        structure = "list" if isinstance(out, list) else "tuple"
+        result = MetaResult(tuple(_spec_out(t, device) for t in out), structure)
+    if func in KERNEL_LAYOUT_OPS:
+        result = _kernel_layout(func, args, kwargs, specs, result)
+    return result
 
 
 def _has_device_kwarg(func: Any) -> bool:
@@ -186,8 +248,19 @@ class MetaMemo:
                     self._specs.append(spec)
         return sid
 
+    def learn_layout(self, func: Any) -> None:
+        """``func``'s meta kernel disagreed with its real one: ask the kernel from now on
+        (Note [Layouts only the kernel knows]) and forget what meta said."""
+        if func in KERNEL_LAYOUT_OPS or not isinstance(func, torch._ops.OpOverload):
+            return
+        KERNEL_LAYOUT_OPS.add(func)
+        with self._lock:
+            for key in [k for k in self._fast if k[0] is func]:
+                self._fast.pop(key, None)
+                self._cache.pop(key, None)
+
     def __len__(self) -> int:
         return len(self._fast)
 
 
-__all__ = ["MetaResult", "MetaFailure", "MetaMemo", "meta_execute", "to_meta_args"]
+__all__ = ["MetaResult", "MetaFailure", "MetaMemo", "meta_execute", "to_meta_args", "KERNEL_LAYOUT_OPS"]

@@ -446,6 +446,11 @@ class AdaptiveEagerMode(TorchDispatchMode):
                     from .lazy import restride  # noqa: PLC0415 - rare path
 
                     restride(h)
+                    if real.shape != spec.shape or any(
+                            n > 1 and a != b for n, a, b in zip(spec.shape, real.stride(), spec.stride)):
+                        # Note [Layouts only the kernel knows] (meta.py): ask its kernel next time.
+                        self.memo.learn_layout(next((n.target for n in window.nodes
+                                                     if h._ae_vid in n.outputs), None))
             if sliced is not None:
                 rec.adopt(values)
 
