@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..fusion.ir import TensorSpec
-from .lazy import LazyTensor, suspended, unwrap
+from .lazy import LazyTensor, hold_memory, suspended, unwrap
 
 _SET_DATA = torch._C.TensorBase.data.__set__
 
@@ -68,6 +68,7 @@ def set_data(mode: Any, args: tuple, kwargs: dict) -> None:
     target._ae_real = alias
     target._ae_spec = spec
     target._ae_error = None
+    hold_memory(target)  # Note [Bound handles hold their memory] (lazy.py)
     return None
 
 

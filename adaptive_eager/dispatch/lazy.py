@@ -101,7 +101,12 @@ def restride(handle: "LazyTensor") -> None:
 # real parameter, a crash at its next use. So binding a handle also gives its wrapper the
 # real tensor's storage, sizes and strides (the C++ shallow copy behind ``.data =``, which
 # keeps the wrapper's Python keys and its own autograd metadata and version counter):
-# ~0.4 µs per bound handle. Where the device's key sets do not allow it (the emulated
+# ~0.4 µs per bound handle. The shallow copy takes the handle's autograd-metadata lock,
+# which autograd may hold while it runs the op whose flush binds the handle (a view's
+# grad_fn regenerated after an in-place change runs ``t()`` under that lock: the suite
+# hung there), so handles with autograd metadata (requires_grad, views) get their memory
+# later, when the runtime parks or its block exits and they are not released
+# (:func:`hold_memory`). Where the device's key sets do not allow it (the emulated
 # neuron device: a wrapper's keys differ from a real tensor's), handles stay without
 # storage; unbound handles have no memory to give, and the calls that can reach C++ with
 # them flush first (direct.py, opaque.py).
@@ -109,16 +114,26 @@ _SET_DATA = torch._C.TensorBase.data.__set__
 _SHARES: dict[str, bool] = {}
 
 
-def bind(handle: "LazyTensor", real: torch.Tensor) -> torch.Tensor:
-    """Bind ``handle`` to its value ``real`` (Note [Bound handles hold their memory])."""
-    handle._ae_real = real
+def hold_memory(handle: "LazyTensor") -> None:
+    """Give bound ``handle``'s wrapper its value's storage (Note [Bound handles hold their
+    memory]). Not while autograd may hold the handle's lock (inside a flush), unless the
+    handle has no autograd metadata."""
+    real = handle._ae_real
     kind = real.device.type
     shares = _SHARES.get(kind)
     if shares is None:
         with torch._C._DisableTorchDispatch():  # the C++ answer, not a mode's
             shares = _SHARES[kind] = torch._has_compatible_shallow_copy_type(handle, real)
     if shares and real.layout == torch.strided and real.dtype == handle.dtype:
-        _SET_DATA(handle, real)
+        with torch._C.DisableTorchFunction():  # not ObserveMode's `.data =` (direct.py)
+            _SET_DATA(handle, real)
+
+
+def bind(handle: "LazyTensor", real: torch.Tensor) -> torch.Tensor:
+    """Bind ``handle`` to its value ``real`` (Note [Bound handles hold their memory])."""
+    handle._ae_real = real
+    if not handle.requires_grad and not handle._is_view():
+        hold_memory(handle)
     return real
 
 

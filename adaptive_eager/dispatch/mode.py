@@ -38,7 +38,7 @@ from ..fusion.policy import without_dropout
 from ..runtime import Counters, Executor
 from .exported import Exported
 from .lazy import _TLS as _LAZY_TLS
-from .lazy import LazyTensor, bind, unwrap_all
+from .lazy import LazyTensor, bind, hold_memory, unwrap_all
 from .meta import MetaFailure, MetaMemo
 from .optable import Kind, OpTable, OpTraits
 from .recorder import OutputMismatch, Recorder
@@ -194,8 +194,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
     def _remember_bound(self, live: list) -> None:
         bound = self._bound
         for h in live:
-            if not h.requires_grad:
-                bound.append(weakref.ref(h))
+            bound.append(weakref.ref(h))  # those that stay handles get memory (lazy.py)
         if len(bound) > self._bound_prune_at:
             self._bound = [r for r in bound if r() is not None]
             self._bound_prune_at = max(1024, 2 * len(self._bound))
@@ -214,6 +213,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 continue
             if release(h):
                 released += 1
+            else:
+                hold_memory(h)  # Note [Bound handles hold their memory] (lazy.py)
             del h
         self.counters.handles_released += released
         return released

@@ -69,6 +69,7 @@ OPAQUE_CALLS: tuple[tuple[str, str, str, str], ...] = (
         "_rebuild_device_tensor_from_numpy")),
     ("torch._tensor", "", "_rebuild_from_type_v2", "call"),
     ("queue", "Queue", "put", "handoff"),
+    ("concurrent.futures.thread", "ThreadPoolExecutor", "submit", "handoff"),
 )
 
 # Note [Threads see what was synced]
@@ -76,8 +77,9 @@ OPAQUE_CALLS: tuple[tuple[str, str, str, str], ...] = (
 # seen by another until the writing thread flushes. The rule: what a thread wrote is
 # visible to other threads and processes from its next sync on, and the runtime syncs
 # at the hand-offs it can see: putting an object on a ``queue.Queue`` (an evaluator
-# thread handed the model), ``os.fork`` (multiprocessing's fork start method), pickling
-# for another process, and every read, optimizer step end and block exit. Writes to
+# thread handed the model), submitting to a ``ThreadPoolExecutor``, ``os.fork``
+# (multiprocessing's fork start method), pickling for another process, and every read,
+# optimizer step end and block exit. Writes to
 # shared memory (``share_memory_()``) are never deferred (Note [Exported memory]).
 # Hand-offs it cannot see (a shared variable behind a lock, an Event) need
 # ``adaptive_eager.sync()`` before them (README, Limitations).
