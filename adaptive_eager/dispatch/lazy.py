@@ -233,7 +233,10 @@ class LazyTensor(torch.Tensor):
         return self._ae_read("storage", exposes=True).untyped_storage()
 
     def storage(self) -> Any:  # type: ignore[override]
-        return self._ae_read("storage", exposes=True).storage()
+        from .source import warnings_at_user_line  # noqa: PLC0415 - source imports torch's dirs
+
+        with warnings_at_user_line():  # torch's deprecation names its caller: this line
+            return self._ae_read("storage", exposes=True).storage()
 
     def _typed_storage(self) -> Any:
         return self._ae_read("storage", exposes=True)._typed_storage()

@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 from .lazy import suspended
 from .mode import AdaptiveEagerMode, _tensors
-from .source import called_by_user, user_source
+from .source import called_by_user, user_source, warnings_at_user_line
 
 _current_function_mode = torch.overrides._get_current_function_mode
 _pop_function_mode = torch._C._pop_torch_function_stack
@@ -127,7 +127,8 @@ class ObserveMode(TorchFunctionMode):
                 self.mode.flush(f"observe:{name.strip('_')}", user_source(2), targets=targets)
             # The read itself runs ops (numpy() and storage() detach, repr formats):
             # on real tensors, for real, or it would read a handle's empty storage.
-            with suspended():
+            # Note [Warnings keep the program's line] (source.py)
+            with suspended(), warnings_at_user_line():
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
 
