@@ -101,6 +101,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self._should_defer = getattr(executor, "should_defer", None)
         self._policy = getattr(executor, "defer", None)  # DeferPolicy: its warm-up
         self._parked = False
+        # Set by ObserveMode while a Python-level scalar read runs (Note [A branch on a
+        # tensor is a bool read], observe.py): what the sync of its scalar is called.
+        self.read_reason: str | None = None
         self._dynamo_seen = False  # Note [torch.compile inside the block] (dynamo.py)
         # Told True when the mode parks and False when it unparks (the session watches
         # for safe points meanwhile: Note [Deep parking at module calls], session.py).
@@ -289,7 +292,10 @@ class AdaptiveEagerMode(TorchDispatchMode):
             self.counters.note_fallback(func.name(), traits.reason)
         from .lazy import restride_all  # noqa: PLC0415 - only on this rare path
 
-        out = self._sync_then_run(func, args, kwargs, _sync_reason(func, traits))
+        reason = _sync_reason(func, traits)
+        if reason == "item" and self.read_reason is not None:
+            reason = self.read_reason
+        out = self._sync_then_run(func, args, kwargs, reason)
         if traits.reason == "metadata_mutation":
             restride_all((args, kwargs))  # Note [In-place metadata changes]
         return out

@@ -58,6 +58,14 @@ _READS = {**_OBSERVERS, **{
     for name in ("item", "__bool__", "__float__", "__int__", "__index__", "cpu")
 }}
 
+# Note [A branch on a tensor is a bool read]
+# `if t:`, `while t:`, `t and u` call Tensor.__bool__, whose ATen op is the same
+# _local_scalar_dense as .item()'s (is_nonzero is a composite op, decomposed before the
+# dispatch mode sees it). Only here, at the Python level, are the two told apart: the
+# mode is told which read it is while the call runs, and names the sync after it.
+_SCALAR_READS = {torch.Tensor.__bool__: "bool"}
+_ROUTES = {**_OBSERVERS, **_SCALAR_READS}  # one lookup per torch call for both
+
 _COPYING_OBSERVERS = {"__repr__", "__format__", "tolist", "__reduce_ex__", "__deepcopy__", "__getstate__"}
 
 
@@ -117,8 +125,15 @@ class ObserveMode(TorchFunctionMode):
         if should_defer is not None and not mode.recorder.nodes:
             if not should_defer():
                 mode.park()  # Note [Parking the mode]
-        name = _OBSERVERS.get(func)
+        name = _ROUTES.get(func)
         if name is not None:
+            read = _SCALAR_READS.get(func)
+            if read is not None:
+                mode.read_reason = read  # Note [A branch on a tensor is a bool read]
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    mode.read_reason = None
             if len(self.mode.recorder):
                 # Copies out (repr, tolist, pickle) need only their tensors' values; what
                 # exposes memory (numpy, data_ptr, storage, dlpack) can be written through,
