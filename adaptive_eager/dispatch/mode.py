@@ -34,12 +34,12 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mod
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ..config import Options
-from ..fusion.policy import without_dropout
+from ..fusion.policy import fixed_shape_call, without_dropout
 from ..runtime import Counters, Executor
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, unwrap_all
 from .meta import MetaFailure, MetaMemo
-from .optable import Kind, OpTable, OpTraits
+from .optable import Kind, OpTable, OpTraits, raise_if_out_of_range
 from .recorder import OutputMismatch, Recorder
 from .release import release
 from .source import user_source
@@ -286,6 +286,10 @@ class AdaptiveEagerMode(TorchDispatchMode):
             func(*_to_meta(args), **_to_meta(kwargs))
 
     def _on_sync(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
+        if traits.when_fixed is not None and fixed_shape_call(func, args, _dtype_of):
+            # Note [Integer indexing is not data-dependent] (fusion/policy.py)
+            raise_if_out_of_range(func, args)
+            return self._on_record(func, traits.when_fixed, args, kwargs)
         # Reading a scalar (.item(), bool()) is a sync, not an op that failed to fuse.
         if traits.reason in ("data_dependent", "no_meta_kernel", "metadata_mutation") and \
                 func._schema.name not in _SYNC_REASONS:
@@ -479,6 +483,10 @@ _SYNC_REASONS = {
 
 def _sync_reason(func: Any, traits: OpTraits) -> str:
     return _SYNC_REASONS.get(func._schema.name, traits.reason or "sync")
+
+
+def _dtype_of(obj: Any) -> torch.dtype | None:
+    return obj.dtype if isinstance(obj, torch.Tensor) else None
 
 
 def _to_meta(obj: Any) -> Any:

@@ -83,7 +83,7 @@ def partition(window: Window, groups: Mapping[int, int], support: SupportPolicy,
     open_nodes: list[int] = []
     open_mask = 0
     for i, node in enumerate(window.nodes):
-        reason = support.unsupported(node)
+        reason = support.unsupported(node, window.specs)
         if reason is None:
             open_nodes.append(i)
             open_mask |= 1 << i
