@@ -26,10 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .reasons import ROUTINE_REASONS
 from .runtime.counters import Counters
-
-# Sync reasons that are part of normal operation rather than something to fix.
-ROUTINE_REASONS = frozenset({"exit", "window_full", "nested_enter", "explicit_sync", "optimizer_step"})
 
 
 class SiteCounters(Counters):
@@ -59,8 +57,10 @@ class Stats:
     """What the runtime did since the last ``reset_stats()`` (all threads, all sessions).
 
     Mappings are plain dicts, ordered most frequent first. ``fallback_ops`` counts ops
-    that ran outside any compiled region, by op name; ``fallback_reasons`` says why
-    (e.g. ``data_dependent``: the output's shape depends on the values).
+    that ran outside any compiled region, by op name (``aten::nonzero``);
+    ``fallback_reasons`` says why (e.g. ``data_dependent``: the output's shape depends on
+    the values) and ``fallback_sites`` where: the program's line that issued it, found
+    the first time the op fell back (a sync) or the next time it was recorded.
 
     Example::
 
@@ -79,6 +79,7 @@ class Stats:
     sync_site_reasons: dict[str, dict[str, int]] = field(default_factory=dict)
     fallback_ops: dict[str, int] = field(default_factory=dict)
     fallback_reasons: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    fallback_sites: dict[str, str] = field(default_factory=dict)
     regions_compiled: int = 0
     compiled_calls: int = 0
     compile_failures: int = 0

@@ -1,4 +1,5 @@
-"""The report's text, from hand-made statistics (no runtime needed)."""
+"""The report: its text from hand-made statistics, and what the runtime records for it
+(sync labels, the program's line, fallback rows)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def test_headline_numbers():
     text = format_report(_stats())
     assert "1,200" in text and "75% fused" in text and "hit rate 92%" in text
     assert "2.50 s" in text and "regions compiled   3" in text
+
+
+def test_compiles_finished_in_flight_and_failed_are_told_apart():
+    text = format_report(_stats(regions_compiled=0, compile_time_s=0.0, compiles_in_flight=2,
+                                compile_failures=1))
+    assert "0 finished (0.00 s), 2 in flight, 1 failed" in text
+    assert "not timed" in text
 
 
 def test_routine_sites_are_not_advised():
@@ -81,7 +89,7 @@ def test_fallback_advice_uses_fallback_meanings():
                                  "aten::mul_": ("aliased_inputs",)})
     text = " ".join(format_report(s).split("Fallback ops")[1].split())  # undo wrapping
     assert "exact numbers); nothing to change" in text   # random ops are eager on purpose
-    assert "runs eagerly from now on" in text            # a failed region
+    assert "could not compile the region" in text        # a failed region
     assert "views of one tensor" in text
 
 
@@ -275,3 +283,91 @@ def test_a_handles_storage_warning_keeps_the_programs_line():
     finally:
         torch.storage._always_warn_typed_storage_removal = False
     assert [f"{w.filename}:{w.lineno}" for w in caught][:1] == [_line_of(read, "y.storage()")]
+
+
+# -- fallback rows: one naming of ops, the program's line, advice for every reason ---------
+
+def test_fallback_rows_carry_the_programs_line():
+    @torch.library.custom_op("ae_test::triple", mutates_args=())
+    def triple(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    @triple.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    x = torch.randn(1 << 12)
+
+    def loop():
+        for _ in range(3):
+            with mode(compile_after=1):
+                y = triple(x * 2) + 1
+                torch.nonzero(y > 0)
+                y.sum().item()
+
+    loop()
+    s = ae.stats()
+    assert s.fallback_sites["ae_test::triple"].startswith(_line_of(loop, "triple(x * 2)") + " ")
+    assert s.fallback_sites["aten::nonzero"].startswith(_line_of(loop, "torch.nonzero") + " ")
+    text = " ".join(ae.report().split("Fallback ops")[1].split())
+    assert "> y = triple(x * 2) + 1" in text and "> torch.nonzero(y > 0)" in text
+
+
+def test_runtime_fallbacks_use_the_modes_op_names():
+    from adaptive_eager import config
+    from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
+    from adaptive_eager.fusion.policy import OpSupport
+    from adaptive_eager.runtime import Counters
+    from adaptive_eager.runtime.compiled import CompiledExecutor
+
+    aten = torch.ops.aten
+    x = torch.ones(1 << 12)
+    spec = TensorSpec.of(x)
+    w = Window({0: x}, (OpNode(aten.mul.Tensor, (ValueRef(0), 2.0), (), (1,)),
+                        OpNode(aten.nonzero.default, (ValueRef(1),), (), (2,))),
+               {0: spec, 1: spec, 2: spec}, frozenset({2}))
+    counters = Counters()
+    ex = CompiledExecutor(config.resolve(backend="eager", compile_after=1), counters,
+                          support=OpSupport(deny=frozenset({"aten::mul"})))
+    ex.run(w)
+    assert set(counters.fallback_ops) == {"aten::mul.Tensor: unsupported_by_backend",
+                                          "aten::nonzero: data_dependent"}
+    assert aten.mul.Tensor in counters.sources_wanted  # the mode notes its line next time
+
+
+def _reasons_in_source() -> set[str]:
+    """Every reason literal the package records (flushes, fallbacks, region failures)."""
+    import re
+    from pathlib import Path
+
+    import adaptive_eager
+
+    patterns = [
+        r"\.flush\(\"([^\"]+)\"", r"_sync_then_run\([^)]*?\"([^\"]+)\"\)", r"_ae_read\(\"([^\"]+)\"",
+        r"reason=\"([^\"]+)\"", r"unwrap_all\([^)]*\"([^\"]+)\"\)", r"note_fallback\([^,]+, \"([^\"]+)\"",
+        r"\.fail\(entry, f?\"([^\":{]+)", r"False, \"([a-z_]+)\"\)",
+    ]
+    found: set[str] = set()
+    root = Path(adaptive_eager.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for pat in patterns:
+            found.update(m.strip() for m in re.findall(pat, text))
+    policy = (root / "fusion" / "policy.py").read_text()
+    found.update(re.findall(r"return \"([a-z_]+)\"", policy.split("def op_class")[1].split("class RegionSummary")[0]))
+    found.update(f"observe:{n.strip('_')}" for n in __import__(
+        "adaptive_eager.dispatch.observe", fromlist=["_OBSERVERS"])._OBSERVERS.values())
+    from adaptive_eager.dispatch.mode import _SYNC_REASONS
+
+    found.update(_SYNC_REASONS.values())
+    return found - {"pointwise", "matmul", "view", "reduction", "other"}
+
+
+def test_every_reason_has_advice():
+    from adaptive_eager.reasons import advice_for
+
+    reasons = _reasons_in_source()
+    assert {"item", "data_dependent", "exit", "opaque", "compile failed", "aliased_inputs",
+            "observe:storage", "uncapturable", "escaped"} <= reasons, reasons
+    missing = sorted(r for r in reasons if not (advice_for(r) or advice_for(r, fallback=True)))
+    assert not missing, missing

@@ -266,9 +266,27 @@ class AdaptiveEagerMode(TorchDispatchMode):
             restride_all((args, kwargs))  # Note [In-place metadata changes]
             return out
         self.counters.ops_captured += 1
+        if traits.want_source:
+            self._note_source(func)
         if len(self.recorder) >= self.options.window_size:
             self.flush("window_full")
         return out
+
+    def _note_source(self, func: Any) -> None:
+        """An op that fell back in an earlier window: note the program's line that issues it
+        (once; the report's fallback rows show it). Costs nothing once noted."""
+        self.counters.fallback_sites.setdefault(func.name(), user_source(3))
+        self.table.want_source(func, False)
+
+    def _want_sources(self) -> None:
+        wanted = self.counters.sources_wanted
+        while wanted:
+            try:
+                func, _ = wanted.popitem()
+            except KeyError:  # another thread's mode took the last one
+                break
+            if hasattr(func, "_schema"):
+                self.table.want_source(func)
 
     def _on_view(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
         # Note [Views of real tensors are recorded]
@@ -293,7 +311,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         # Reading a scalar (.item(), bool()) is a sync, not an op that failed to fuse.
         if traits.reason in ("data_dependent", "no_meta_kernel", "metadata_mutation") and \
                 func._schema.name not in _SYNC_REASONS:
-            self.counters.note_fallback(func.name(), traits.reason)
+            self.counters.note_fallback(func.name(), traits.reason, user_source(2))
         from .lazy import restride_all  # noqa: PLC0415 - only on this rare path
 
         reason = _sync_reason(func, traits)
@@ -373,7 +391,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         out = self._run_real(func, args, kwargs)
         log.debug("no meta kernel for %s (%s); it syncs from now on", func, failure)
         self.table.mark_no_meta(func)
-        self.counters.note_fallback(func.name(), "no_meta_kernel")
+        self.counters.note_fallback(func.name(), "no_meta_kernel", user_source(2))
         return out
 
     # -- running for real -------------------------------------------------------------
@@ -440,6 +458,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
                     h._ae_error = e
                 raise
             self.counters.ops_executed += len(window)
+            if self.counters.sources_wanted:
+                self._want_sources()
             if sliced is None:
                 self._remember_bound(live)
             for h in live:

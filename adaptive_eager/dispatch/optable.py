@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,9 @@ class OpTraits:
     # (fusion.policy.fixed_shape_call, Note [Integer indexing is not data-dependent]):
     # the traits such a call is recorded with.
     when_fixed: "OpTraits | None" = None
+    # The op fell back to eager in a flushed window: its next recording notes the
+    # program's line for the report (AdaptiveEagerMode._note_source), then this is cleared.
+    want_source: bool = False
 
 
 # Ops that answer from metadata alone, though they return Python values.
@@ -195,6 +199,10 @@ class OpTable:
         if t is None:
             t = self._traits[func] = derive_traits(func)
         return t
+
+    def want_source(self, func: Any, wanted: bool = True) -> None:
+        """Set (or clear) ``want_source`` on ``func``'s traits."""
+        self._traits[func] = dataclasses.replace(self.traits(func), want_source=wanted)
 
     def mark_no_meta(self, func: torch._ops.OpOverload) -> None:
         """After meta execution failed and the real op worked: always sync this op."""

@@ -124,7 +124,16 @@ class OpNode(NamedTuple):
 
     @property
     def name(self) -> str:
-        return str(getattr(self.target, "__name__", self.target))
+        return op_name(self.target)
+
+
+def op_name(target: Any) -> str:
+    """The name reports use for an op: ``aten::add.Tensor``, ``aten::nonzero`` (as
+    ``OpOverload.name()`` says; the mode names ops the same way), else its ``__name__``."""
+    name = getattr(target, "name", None)
+    if callable(name) and hasattr(target, "_schema"):
+        return name()
+    return str(getattr(target, "__name__", target))
 
 
 def _leaves(args: tuple) -> Iterator[Any]:
@@ -181,4 +190,4 @@ def map_refs(obj: Any, env: Mapping[int, Any]) -> Any:
     return obj
 
 
-__all__ = ["ValueRef", "TensorSpec", "OpNode", "Window", "map_refs"]
+__all__ = ["ValueRef", "TensorSpec", "OpNode", "Window", "map_refs", "op_name"]

@@ -293,7 +293,8 @@ class CompiledExecutor:
         self.counters.ops_eager += len(region.nodes)
         if not region.fused and region.reason not in _COST_REASONS:
             for i in region.nodes:
-                self.counters.note_fallback(window.nodes[i].name, region.reason)
+                node = window.nodes[i]
+                self.counters.note_fallback(node.name, region.reason, target=node.target)
 
     def _run_fused(self, window: Window, step: Step, env: dict, floats: list) -> bool:
         """Run one fused region; True while it is (or may become) compiled."""
