@@ -49,6 +49,14 @@ def _log() -> Any:
 def autoload() -> None:
     """The ``torch.backends`` entry point. Cheap when unset; never raises."""
     try:
+        torch_logs = os.environ.get("TORCH_LOGS", "")
+        if torch_logs:
+            # Our artifact names must be known before torch parses TORCH_LOGS, which it
+            # does just after calling this entry point (torch/__init__.py, _init_logs).
+            from ._logging import mentions_ours, register_with_torch
+
+            if mentions_ours(torch_logs):
+                register_with_torch()
         when_imported("torch_neuronx", _attach_to_torch_neuronx)
         on = os.environ.get(ENV_VAR, "").strip().lower()
         sim = os.environ.get(NEURON_SIM_ENV_VAR, "").strip().lower()

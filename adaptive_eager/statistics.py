@@ -151,6 +151,7 @@ def _copy(value: Any) -> Any:
     return {}
 
 
+_INTERNAL = {"lock", "sources_wanted"}  # Counters' bookkeeping, not statistics
 _KNOWN = {f.name for f in dataclasses.fields(Stats)} - {"extra", "fallback_reasons"}
 
 
@@ -158,7 +159,7 @@ def snapshot(counters: Counters) -> Stats:
     """A frozen :class:`Stats` from live ``counters``."""
     with counters.lock:
         raw = {name: _copy(getattr(counters, name)) for name in counters.__dataclass_fields__
-               if name != "lock"}
+               if name not in _INTERNAL}
         site_reasons = _copy(getattr(counters, "sync_site_reasons", {}))
     fallback_counts: Counter = Counter()
     reasons: dict[str, list[str]] = {}

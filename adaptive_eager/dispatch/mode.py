@@ -33,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
+from .._logging import artifact_logger
 from ..config import Options
 from ..fusion.policy import fixed_shape_call, without_dropout
 from ..runtime import Counters, Executor
@@ -48,6 +49,8 @@ _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _get_infra_mode = torch._C._get_dispatch_mode
 
 log = logging.getLogger("adaptive_eager")
+_FLUSH_LOG = artifact_logger("ae_flushes")
+_PARK_LOG = artifact_logger("ae_parking")
 aten = torch.ops.aten
 _PLAIN_DISPATCH = torch._C._disabled_torch_dispatch_impl
 _RUN_NOW_VIEWS = {aten.lift_fresh.default}
@@ -177,6 +180,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
         if not self._parked and _current_dispatch_mode() is self:
             _pop_mode()
             self._parked = True
+            if _PARK_LOG.isEnabledFor(logging.DEBUG):
+                _PARK_LOG.debug("parked (ops pass straight through): %s",
+                                getattr(self._policy, "reason", "") or "pass-through policy")
             self.release_handles()
             if self.on_park is not None:
                 self.on_park(True)
@@ -224,14 +230,19 @@ class AdaptiveEagerMode(TorchDispatchMode):
         """The program's first iteration ended (Note [The first iteration runs eagerly])."""
         policy = self._policy
         if policy is not None and policy.end_warmup():
-            self.counters.warmup_ended = f"{why} at {source}" if source else why
-            log.debug("warm-up ended: %s at %s; capturing from now", why, source)
+            if source is None:
+                source = user_source(2)  # e.g. the program's opt.step() line
+            self.counters.warmup_ended = f"{why} at {source}"
+            _PARK_LOG.debug("warm-up ended: %s at %s; capturing from now", why, source)
 
     def unpark(self) -> None:
         """Back on the dispatch-mode stack (capturing again)."""
         if self._parked:
             _push_mode(self)
             self._parked = False
+            if _PARK_LOG.isEnabledFor(logging.DEBUG):
+                _PARK_LOG.debug("unparked: capturing again (a probe, or compiles finished) at %s",
+                                user_source(2))
             if self.on_park is not None:
                 self.on_park(False)
 
@@ -444,8 +455,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 window, live = rec.seal(reason, source)
             self.counters.note_flush(reason, source)
             self.counters.windows += 1
-            log.debug("flush %s: %d ops at %s%s", reason, len(window), source,
-                      " (partial)" if sliced is not None else "")
+            _FLUSH_LOG.debug("flush %s: %d ops at %s%s", reason, len(window), source,
+                             " (partial)" if sliced is not None else "")
             try:
                 if torch.autograd.profiler._is_profiler_enabled:
                     # The range's own ops only while profiling: they reach this mode.

@@ -148,4 +148,51 @@ def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
     return (tuple(parts), in_specs, aliasing, out_ids, out_specs)
 
 
-__all__ = ["spec_key", "window_key", "region_key"]
+# Note [Why a window missed the plan cache]
+# For the ae_recompiles log only (built when that artifact is enabled): a window's
+# outline (per node: its op, the shape and dtype of each tensor argument, the type of
+# each other argument) is kept per flush site, and a miss is explained by the first
+# difference from the previous window flushed at the same line: a new op, a shape
+# change, or a scalar kind (an int where a float was, a constant baked into the key).
+def outline(window: Window) -> tuple:
+    """A small, tensor-free summary of ``window`` for :func:`miss_cause`."""
+    from .ir import _leaves, op_name  # noqa: PLC0415
+
+    specs = window.specs
+    rows = []
+    for node in window.nodes:
+        args = []
+        for a in _leaves(tuple(node.args) + tuple(v for _, v in node.kwargs)):
+            if isinstance(a, ValueRef):
+                sp = specs.get(a.id)
+                args.append(("tensor", tuple(sp.shape), str(sp.dtype)) if sp is not None else ("tensor",))
+            else:
+                args.append((type(a).__name__,))
+        rows.append((op_name(node.target), tuple(args)))
+    return tuple(rows)
+
+
+def miss_cause(previous: tuple | None, current: tuple) -> str:
+    """Why ``current`` (an :func:`outline`) missed, against the ``previous`` one at its line."""
+    if previous is None:
+        return "first window flushed at this line"
+    for i, (old, new) in enumerate(zip(previous, current)):
+        if old[0] != new[0]:
+            return f"new op at op {i}: {new[0]} where {old[0]} was"
+        for a, b in zip(old[1], new[1]):
+            if a != b:
+                if a[0] == b[0] == "tensor":
+                    return f"shape change at op {i} ({new[0]}): {_fmt(a)} -> {_fmt(b)}"
+                return f"scalar kind at op {i} ({new[0]}): {a[0]} -> {b[0]}"
+        if len(old[1]) != len(new[1]):
+            return f"new arguments at op {i} ({new[0]})"
+    if len(previous) != len(current):
+        return f"window length {len(previous)} -> {len(current)} ops"
+    return "same ops and shapes: strides, aliasing, outputs or a baked constant differ"
+
+
+def _fmt(arg: tuple) -> str:
+    return f"{arg[2].replace('torch.', '')}{list(arg[1])}" if len(arg) == 3 else "tensor"
+
+
+__all__ = ["spec_key", "window_key", "region_key", "outline", "miss_cause"]

@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -45,13 +46,14 @@ import cachetools
 import torch
 from torch.autograd.profiler import _is_profiler_enabled  # noqa: F401 - cheap check, below
 
+from .._logging import artifact_logger
 from ..fusion.fxgraph import lower
 from ..fusion.graph import storage_groups
 from ..fusion.ir import Window
 from ..fusion.partition import Partition, Region, partition
 from ..fusion.policy import DefaultCost, SupportPolicy
 from ..fusion.scalars import lift_rule, scalar_dtype
-from ..fusion.signature import window_key
+from ..fusion.signature import miss_cause, outline, window_key
 from .backends import backend_support, for_device, get_backend, is_debugging
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
 from .checks import clone_strided, outputs_match
@@ -60,6 +62,7 @@ from .counters import Counters
 from .executor import replay_guard, run_node
 from .passthrough import DeferPolicy, pays_for_capture
 
+_MISS_LOG = artifact_logger("ae_recompiles")
 _TIMED_CALLS = 3  # compiled calls timed against eager before keeping a region
 _COST_REASONS = frozenset({"too_small", "not_worth_it", "nothing_to_fuse"})  # not fallbacks
 
@@ -145,6 +148,7 @@ class CompiledExecutor:
         self._novel: cachetools.LRUCache = cachetools.LRUCache(max(256, 4 * options.cache_size))
         self._capture_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
         self._novel_ops: cachetools.LRUCache = cachetools.LRUCache(256)
+        self._outlines: cachetools.LRUCache = cachetools.LRUCache(256)  # site -> outline (ae_recompiles)
 
     # -- the Executor contract ------------------------------------------------------
     def run(self, window: Window) -> Mapping[int, torch.Tensor]:
@@ -157,6 +161,8 @@ class CompiledExecutor:
         plan = self.plans.get(key)
         first = plan is None
         if first:
+            if key not in self._novel and _MISS_LOG.isEnabledFor(logging.DEBUG):
+                self._log_miss(window)  # a new window, not the second sighting of one
             if self.options.compile_after > 1 and key not in self._novel:
                 return self._run_novel(window, key)
             plan = self.plans[key] = self._plan(window, groups)
@@ -198,6 +204,15 @@ class CompiledExecutor:
             worth = (t1 - window.opened_ns) < eager_ns
         self.defer.note_window(len(window.nodes), worth)
         return {vid: env[vid] for vid in window.outputs}
+
+    def _log_miss(self, window: Window) -> None:
+        """Note [Why a window missed the plan cache] (fusion/signature.py)."""
+        now = outline(window)
+        site = window.source or window.reason
+        cause = miss_cause(self._outlines.get(site), now)
+        self._outlines[site] = now
+        _MISS_LOG.debug("window plan miss (%d ops, flushed by %s at %s): %s", len(window.nodes),
+                        window.reason, window.source, cause)
 
     def _run_novel(self, window: Window, key: Any) -> Mapping[int, torch.Tensor]:
         # Note [First sightings are not planned]

@@ -31,11 +31,13 @@ from typing import Any, Callable
 
 import torch
 
+from .._logging import artifact_logger
 from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from .compile_worker import THREADS_META, Exiting
 from .counters import Counters
 
 log = logging.getLogger("adaptive_eager")
+clog = artifact_logger("ae_compiles")
 
 FUEL_ENV = "ADAPTIVE_EAGER_FUEL"
 
@@ -53,6 +55,11 @@ COMPILE_SWITCH_INTERVAL_S = 1e-4
 def _fuel_from_env() -> int | None:
     raw = os.environ.get(FUEL_ENV, "").strip()
     return int(raw) if raw else None
+
+
+def _short(key: Any) -> str:
+    """A region key as a short, stable id for logs."""
+    return f"{hash(key) & 0xFFFFFFFF:08x}"
 
 
 class CompileService:
@@ -107,6 +114,8 @@ class CompileService:
         entry.submitted_at = time.monotonic()
         with self.counters.lock:
             self.counters.compiles_in_flight += 1
+        clog.debug("compile queued: region %s (%d graph nodes, %d in flight)", _short(entry.key),
+                   len(getattr(getattr(gm, "graph", None), "nodes", ())), self.counters.compiles_in_flight)
         fut = self._executor().submit(self._compile, entry, gm, example)
         if not self.async_:
             try:
@@ -116,6 +125,8 @@ class CompileService:
 
     def _compile(self, entry: RegionEntry, gm: Any, example: list) -> None:
         t0 = time.perf_counter()
+        clog.debug("compile started: region %s (queued %.2f s)", _short(entry.key),
+                   time.monotonic() - entry.submitted_at)
         switch = sys.getswitchinterval()
         sys.setswitchinterval(min(switch, COMPILE_SWITCH_INTERVAL_S))  # Note [GIL convoy]
         try:
@@ -145,6 +156,7 @@ class CompileService:
             return
         entry.fn = fn
         entry.state = COMPILED
+        clog.debug("compile finished: region %s in %.2f s", _short(entry.key), dt)
         with self.counters.lock:
             self.counters.regions_compiled += 1
 
@@ -158,6 +170,8 @@ class CompileService:
         if entry.state == EAGER_ONLY:
             return
         entry.state, entry.fn, entry.reason = EAGER_ONLY, None, reason
+        clog.debug("%s: region %s runs eagerly from now on: %s",
+                   "demoted" if count == "demotions" else "compile failed", _short(entry.key), reason)
         with self.counters.lock:
             setattr(self.counters, count, getattr(self.counters, count) + 1)
             self.counters.note_fallback("region", reason.split(":")[0])

@@ -134,6 +134,19 @@ class DeferPolicy:
             if self.enabled and self._streak >= self.patience:
                 self._defer = False
 
+    @property
+    def reason(self) -> str:
+        """Why ops pass straight through now (for logs), or ``""`` while deferring."""
+        if self._defer:
+            return ""
+        if self.warming:
+            return "warm-up: the first iteration runs eagerly"
+        if self._waiting:
+            return "waiting for compiles in flight"
+        if self._novel_streak >= self.novel_patience:
+            return f"{self._novel_streak} windows in a row never seen before (they do not recur)"
+        return f"{self._streak} windows in a row held nothing worth compiling"
+
     def should_defer(self, weight: int = 1) -> bool:
         """O(1). ``weight``: how many calls this one stands for (a safe point at the end
         of an optimizer step stands for a step's worth of torch calls)."""
