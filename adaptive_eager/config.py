@@ -116,14 +116,29 @@ def _parse_device(name: str, value: Any, origin: str) -> str:
     )
 
 
+def did_you_mean(word: str, choices: Any) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``choices`` (difflib), or ``""``.
+
+    Example::
+
+        >>> did_you_mean("window_sise", OPTION_NAMES)
+        " (did you mean 'window_size'?)"
+    """
+    import difflib  # noqa: PLC0415 - only on the error path
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _parse_backend(name: str, value: Any, origin: str) -> Any:
     if callable(value):
         return value
     if isinstance(value, str) and value.strip() in BUILTIN_BACKENDS:
         return value.strip()
+    hint = did_you_mean(value.strip(), BUILTIN_BACKENDS) if isinstance(value, str) else ""
     raise ConfigError(
         f"adaptive_eager option {name!r}{origin}: expected one of {', '.join(BUILTIN_BACKENDS)} "
-        f"or a callable (GraphModule, example_inputs) -> callable, got {value!r}"
+        f"or a callable (GraphModule, example_inputs) -> callable, got {value!r}{hint}"
     )
 
 
@@ -175,7 +190,14 @@ _SPECS: dict[str, _Spec] = {
     "launch_latency_us": _Spec(
         0.0, _float_parser(0.0), "simulated per-kernel launch latency on the emulated neuron device"
     ),
-    "report": _Spec("", _parse_str, "print the report at exit: '' (off), 1/stderr, or a file path"),
+    "report": _Spec("", _parse_str, "print the report at exit: '' (off), 1/stderr, or a file "
+                    "path (JSON when it ends in .json)"),
+    "strict": _Spec(
+        False, _parse_bool,
+        "raise at the program's line on a sync or a fallback, naming it and what to change "
+        "(like torch.compile's fullgraph=True); routine flushes (block exit, full window, "
+        "optimizer step) never raise",
+    ),
 }
 
 OPTION_NAMES = tuple(_SPECS)
@@ -205,6 +227,7 @@ class Options:
     warmup: bool = _SPECS["warmup"].default
     launch_latency_us: float = _SPECS["launch_latency_us"].default
     report: str = _SPECS["report"].default
+    strict: bool = _SPECS["strict"].default
 
     def replace(self, **changes: Any) -> "Options":
         """A copy with ``changes`` validated and applied."""
@@ -217,8 +240,10 @@ assert tuple(f.name for f in dataclasses.fields(Options)) == OPTION_NAMES
 
 def _check_name(name: str, origin: str = "") -> None:
     if name not in _SPECS:
+        hint = did_you_mean(name, OPTION_NAMES)
         raise ConfigError(
-            f"unknown adaptive_eager option {name!r}{origin}; known options: {', '.join(OPTION_NAMES)}"
+            f"unknown adaptive_eager option {name!r}{origin}{hint}; known options: "
+            f"{', '.join(OPTION_NAMES)}"
         )
 
 
@@ -253,6 +278,13 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         if not key.startswith(ENV_PREFIX) or key in NON_OPTION_VARIABLES:
             continue
         name = key[len(ENV_PREFIX):].lower()
+        if name not in _SPECS:
+            known = [ENV_PREFIX + n.upper() for n in OPTION_NAMES] + sorted(NON_OPTION_VARIABLES)
+            raise ConfigError(
+                f"unknown adaptive_eager option {name!r} (from environment variable "
+                f"{key}){did_you_mean(key, known)}; options: {', '.join(OPTION_NAMES)} (as "
+                f"{ENV_PREFIX}<NAME>), switches: {', '.join(sorted(NON_OPTION_VARIABLES))}"
+            )
         out[name] = _parse(name, raw, f" (from environment variable {key})")
     return out
 

@@ -127,5 +127,39 @@ def advice_for(reason: str, fallback: bool = False) -> str:
     return ADVICE.get(key, "")
 
 
-__all__ = ["ROUTINE_REASONS", "ADVICE", "FALLBACK_ADVICE", "REGION_ADVICE", "advice_for",
+# Fallback reasons strict mode raises on: the ones the program can act on. Random ops,
+# factories and aliased in-place updates run eagerly by design ("nothing to change").
+STRICT_FALLBACKS = frozenset({"data_dependent", "no_meta_kernel", "metadata_mutation", "opaque",
+                              "unsupported_by_backend"})
+
+
+class StrictModeError(RuntimeError):
+    """Raised under ``strict=True`` at the program's line that synced or fell back.
+
+    Example::
+
+        >>> str(StrictModeError.at("sync", "item", "<stdin>:1 (<module>)")).splitlines()[0]
+        'adaptive_eager strict mode: sync [item] at <stdin>:1 (<module>)'
+    """
+
+    @classmethod
+    def at(cls, what: str, reason: str, source: str | None, op: str | None = None) -> "StrictModeError":
+        """The error for a ``what`` ("sync" or "fallback") with ``reason`` at ``source``."""
+        import linecache  # noqa: PLC0415
+        import re  # noqa: PLC0415
+
+        where = source or "<unknown>"
+        lines = [f"adaptive_eager strict mode: {what}{' of ' + op if op else ''} [{reason}] at {where}"]
+        m = re.match(r"^(.*):(\d+)(?: \(.*\))?$", where)
+        code = linecache.getline(m.group(1), int(m.group(2))).strip() if m else ""
+        if code:
+            lines.append(f"    > {code}")
+        advice = advice_for(reason, fallback=what == "fallback") or advice_for(reason)
+        if advice:
+            lines.append(f"    advice: {advice}")
+        lines.append("    (strict=False, the default, runs it eagerly and counts it in the report)")
+        return cls("\n".join(lines))
+
+
+__all__ = ["ROUTINE_REASONS", "STRICT_FALLBACKS", "StrictModeError", "ADVICE", "FALLBACK_ADVICE", "REGION_ADVICE", "advice_for",
            "reason_key"]

@@ -371,3 +371,49 @@ def test_every_reason_has_advice():
             "observe:storage", "uncapturable", "escaped"} <= reasons, reasons
     missing = sorted(r for r in reasons if not (advice_for(r) or advice_for(r, fallback=True)))
     assert not missing, missing
+
+
+# -- strict mode: raise at the program's line --------------------------------------------
+
+def test_strict_raises_at_the_sync_line_naming_it_and_its_advice():
+    x = torch.randn(8)
+
+    def prog():
+        with mode(strict=True):
+            y = x * 2
+            return y.sum().item()
+
+    with pytest.raises(ae.StrictModeError) as info:
+        prog()
+    msg = str(info.value)
+    assert "sync [item] at " + _line_of(prog, ".item()") in msg
+    assert "> return y.sum().item()" in msg and "keep the value as a tensor" in msg
+    # the traceback ends in the program's line, as eager's error would
+    program_frames = [f for f in info.traceback if f.path == __import__("pathlib").Path(__file__)]
+    assert f"{program_frames[-1].path}:{program_frames[-1].lineno + 1}" == _line_of(prog, ".item()")
+
+
+def test_strict_raises_on_a_fallback_op():
+    x = torch.randn(8)
+    with mode(strict=True), pytest.raises(ae.StrictModeError, match=r"fallback of aten::nonzero \[data_dependent\]"):
+        torch.nonzero(x > 0)
+
+
+def test_strict_lets_routine_flushes_and_capturable_code_run():
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    with mode(strict=True, window_size=4):      # full windows: routine
+        for _ in range(2):
+            model(x)[:, [-1]].sum().backward()  # an integer gather: captured
+            opt.step()                          # optimizer step: routine
+            opt.zero_grad()
+        y = x * 2
+    assert torch.equal(y, x * 2)                # block exit: routine
+
+
+def test_strict_is_an_option():
+    from adaptive_eager import config
+
+    assert config.resolve(environ={"ADAPTIVE_EAGER_STRICT": "1"}).strict is True
+    assert config.resolve().strict is False

@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 
 from .._logging import artifact_logger
 from ..config import Options
+from ..reasons import ROUTINE_REASONS, STRICT_FALLBACKS, StrictModeError
 from ..fusion.policy import fixed_shape_call, without_dropout
 from ..runtime import Counters, Executor
 from .lazy import _TLS as _LAZY_TLS
@@ -107,6 +108,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         # Set by ObserveMode while a Python-level scalar read runs (Note [A branch on a
         # tensor is a bool read], observe.py): what the sync of its scalar is called.
         self.read_reason: str | None = None
+        self._strict = options.strict
         self._dynamo_seen = False  # Note [torch.compile inside the block] (dynamo.py)
         # Told True when the mode parks and False when it unparks (the session watches
         # for safe points meanwhile: Note [Deep parking at module calls], session.py).
@@ -283,11 +285,23 @@ class AdaptiveEagerMode(TorchDispatchMode):
             self.flush("window_full")
         return out
 
+    def _fallback(self, func: Any, reason: str) -> None:
+        source = user_source(3)
+        if self._strict:
+            raise StrictModeError.at("fallback", reason, source, func.name())
+        self.counters.note_fallback(func.name(), reason, source)
+
     def _note_source(self, func: Any) -> None:
         """An op that fell back in an earlier window: note the program's line that issues it
         (once; the report's fallback rows show it). Costs nothing once noted."""
-        self.counters.fallback_sites.setdefault(func.name(), user_source(3))
+        source = self.counters.fallback_sites.setdefault(func.name(), user_source(3))
         self.table.want_source(func, False)
+        if self._strict:
+            reasons = [k.partition(": ")[2] for k in self.counters.fallback_ops
+                       if k.startswith(func.name() + ": ")]
+            bad = [r for r in reasons if r in STRICT_FALLBACKS]
+            if bad:  # its first window ran already: raise where it is issued again
+                raise StrictModeError.at("fallback", bad[0], source, func.name())
 
     def _want_sources(self) -> None:
         wanted = self.counters.sources_wanted
@@ -322,7 +336,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         # Reading a scalar (.item(), bool()) is a sync, not an op that failed to fuse.
         if traits.reason in ("data_dependent", "no_meta_kernel", "metadata_mutation") and \
                 func._schema.name not in _SYNC_REASONS:
-            self.counters.note_fallback(func.name(), traits.reason, user_source(2))
+            self._fallback(func, traits.reason)
         from .lazy import restride_all  # noqa: PLC0415 - only on this rare path
 
         reason = _sync_reason(func, traits)
@@ -402,7 +416,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         out = self._run_real(func, args, kwargs)
         log.debug("no meta kernel for %s (%s); it syncs from now on", func, failure)
         self.table.mark_no_meta(func)
-        self.counters.note_fallback(func.name(), "no_meta_kernel", user_source(2))
+        self._fallback(func, "no_meta_kernel")
         return out
 
     # -- running for real -------------------------------------------------------------
@@ -443,12 +457,15 @@ class AdaptiveEagerMode(TorchDispatchMode):
             if source is None:
                 source = user_source(2)
             sliced = None
+            vids = None
             if targets is not None:
                 vids = [v for v in (rec.vid_of(t) for t in targets) if v is not None]
-                if vids:
-                    sliced = rec.take_slice(vids, reason, source)
-                elif not any(type(t) is LazyTensor for t in targets):
+                if not vids and not any(type(t) is LazyTensor for t in targets):
                     return  # plain tensors no pending op touches: their values are current
+            if self._strict and reason not in ROUTINE_REASONS:
+                raise StrictModeError.at("sync", reason, source)  # nothing run: like eager's line
+            if vids:
+                sliced = rec.take_slice(vids, reason, source)
             if sliced is not None:
                 window, live = sliced
             else:
