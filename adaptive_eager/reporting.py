@@ -187,6 +187,36 @@ def write_report(text: str, destination: str) -> None:
         log.warning("adaptive_eager: could not write the report to %r: %s", destination, e)
 
 
+def wants_json(destination: str) -> bool:
+    """Whether a report destination is a JSON file (its name ends in ``.json``)."""
+    return destination.strip().lower().endswith(".json")
+
+
+def emit_report(stats: Stats, destination: str, title: str = "adaptive_eager report",
+                as_json: bool = False) -> None:
+    """Write the report of ``stats`` to ``destination`` (see :func:`write_report`): as
+    text, or as ``stats.to_json()`` with ``as_json`` or a ``.json`` path."""
+    if as_json or wants_json(destination):
+        write_report(stats.to_json(indent=2) + "\n", destination)
+    else:
+        write_report(format_report(stats, title=title), destination)
+
+
+def explain_data(stats: Stats) -> dict:
+    """What ``adaptive-eager explain --json`` prints: sync sites and fallbacks, each with
+    its code line and advice (the same rows as the text)."""
+    sites = [{"site": site, "count": n, "reasons": reasons, "code": source_text(site),
+              "advice": advice_for(max(reasons, key=reasons.get))}
+             for site, n, reasons in problem_sites(stats)]
+    ops = [{"op": op, "count": n, "reasons": list(reasons),
+            "site": stats.fallback_sites.get(op, ""),
+            "code": source_text(stats.fallback_sites.get(op, "")),
+            "advice": next((a for a in (advice_for(r, fallback=True) for r in reasons) if a), "")}
+           for op, n, reasons in fallbacks(stats)]
+    return {"ops_captured": stats.ops_captured, "total_flushes": stats.total_flushes,
+            "sync_sites": sites, "fallbacks": ops}
+
+
 def explain_lines(stats: Stats) -> Iterable[str]:
     """The ``adaptive-eager explain`` text: only what to change, with source lines."""
     sites = format_sites(stats, limit=50)
@@ -197,5 +227,5 @@ def explain_lines(stats: Stats) -> Iterable[str]:
     yield from format_fallbacks(stats, limit=50) or ["  none"]
 
 
-__all__ = ["format_report", "write_report", "advice_for", "source_text", "problem_sites",
+__all__ = ["format_report", "write_report", "emit_report", "explain_data", "wants_json", "advice_for", "source_text", "problem_sites",
            "fallbacks", "explain_lines", "compiles_line", "ADVICE"]

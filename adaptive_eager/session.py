@@ -529,11 +529,11 @@ def _at_exit() -> None:
     except Exception as e:  # at exit, a message is better than a traceback
         log.warning("adaptive_eager: leaving the runtime at exit failed: %s", e)
     if _ENABLED.report_destinations:
-        from .reporting import format_report, write_report
+        from .reporting import emit_report
 
-        text = format_report(stats())
+        snap = stats()
         for dest in _ENABLED.report_destinations:
-            write_report(text, dest)
+            emit_report(snap, dest)  # JSON for a .json path
 
 
 __all__ = [
