@@ -146,7 +146,11 @@ _BASE_ATTR = "_adaptive_eager_base_class"
 
 
 def when_imported(name: str, callback: Callable[[Any], None]) -> None:
-    """Call ``callback(module)`` once module ``name`` has finished importing."""
+    """Call ``callback(module)`` once module ``name`` has finished importing.
+
+    Hand-written rather than wrapt's post-import hooks: this runs inside every ``import
+    torch`` and must import nothing (wrapt would be a dependency loaded there), and it
+    must fire when torch *finishes* importing, from within torch's own import."""
     module = sys.modules.get(name)
     if module is not None:
         spec = getattr(module, "__spec__", None)

@@ -6,7 +6,7 @@ Commands::
     adaptive-eager run SCRIPT [ARGS...]        run a script under the runtime, then print the report
     adaptive-eager run -m MODULE [ARGS...]     the same for a module
     adaptive-eager explain SCRIPT [ARGS...]    run it, then list sync sites and fallbacks with fixes
-    adaptive-eager bench [BENCH ARGS...]       the benchmark suite (python -m benchmarks)
+    adaptive-eager bench [BENCH ARGS...]       the benchmark suite (adaptive_eager.benchmarks)
     adaptive-eager options                     the options table (names, env vars, defaults)
 
 ``run`` and ``explain`` accept runtime options before the script:
@@ -192,17 +192,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    try:
-        from benchmarks.run import main as bench_main
-    except ImportError:
-        # The suite lives next to the package in a source checkout (editable install).
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        if not os.path.isdir(os.path.join(root, "benchmarks")):
-            print("adaptive-eager bench: the benchmarks/ folder is not found; run it from a "
-                  "source checkout", file=sys.stderr)
-            return 2
-        sys.path.insert(0, root)
-        from benchmarks.run import main as bench_main
+    from .benchmarks.run import main as bench_main  # shipped with the package
+
     return int(bench_main(list(args.args)) or 0)
 
 

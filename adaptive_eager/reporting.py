@@ -16,6 +16,8 @@ Example::
     True
 """
 
+# Formatting is hand-written (a two-column list, indented code and advice): no table
+# library would shorten it, and the report must work wherever the package imports.
 from __future__ import annotations
 
 import linecache

@@ -207,3 +207,31 @@ def test_did_you_mean_for_environment_variables(monkeypatch, capsys):
     monkeypatch.setenv("ADAPTIVE_EAGER_WINDOWSIZE", "3")
     assert cli.main(["run", "x.py"]) == 2
     assert "did you mean 'ADAPTIVE_EAGER_WINDOW_SIZE'?" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_pip_install_then_bench_works_from_anywhere(tmp_path):
+    """A normal (not editable) install into a fresh venv ships the benchmarks: `adaptive-eager
+    bench` runs outside the checkout (it used to exit 2, "benchmarks/ folder is not found")."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    venv = tmp_path / "venv"
+    env = {k: v for k, v in _env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
+
+    def sh(*cmd, cwd=tmp_path, timeout=300):
+        r = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, (cmd, r.stdout[-2000:], r.stderr[-3000:])
+        return r
+
+    sh(sys.executable, "-m", "venv", str(venv))
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    sh(*pip, "torch==2.13.0")   # the pinned CPU wheel (a local wheel where pip is set up so)
+    sh(*pip, root)              # not editable: what `pip install .` does
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    r = sh(str(venv / "bin" / "adaptive-eager"), "bench", "--quick", "--workloads", "tiny-ops",
+           "--modes", "eager,adaptive", cwd=work)
+    assert "tiny-ops" in r.stdout and "eager/adapt" in r.stdout
+    assert (work / "adaptive-eager-bench.json").is_file()  # results land where it was run
+    r = sh(str(venv / "bin" / "adaptive-eager"), "--version", cwd=work)
+    assert r.stdout.startswith("adaptive-eager ")
