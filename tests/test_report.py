@@ -417,3 +417,18 @@ def test_strict_is_an_option():
 
     assert config.resolve(environ={"ADAPTIVE_EAGER_STRICT": "1"}).strict is True
     assert config.resolve().strict is False
+
+
+def test_whose_line_classification():
+    import multiprocessing.queues
+
+    from adaptive_eager.benchmarks.workloads import pointwise
+    from adaptive_eager.dispatch import source
+
+    assert source.classify(multiprocessing.queues.__file__) == "stdlib"   # DataLoader's queue
+    assert source.classify(np.__file__) == "library"
+    assert source.classify(torch.__file__) == "internal"
+    assert source.classify(source.__file__) == "internal"
+    assert source.classify(__file__) == "program"
+    assert source.classify("<stdin>") == "program"
+    assert source.classify(pointwise.__file__) == "program"  # benchmark workloads are programs
