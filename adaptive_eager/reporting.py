@@ -155,6 +155,10 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
         ("cache", f"hits {_fmt_num(s.cache_hits)}, misses {_fmt_num(s.cache_misses)}, "
                   f"evictions {_fmt_num(s.cache_evictions)}  (hit rate {_pct(s.cache_hit_rate)})"),
     ]
+    if s.optimizer_steps_foreach:
+        # Note [Optimizer steps at the foreach level] (dispatch/optim.py)
+        rows.append(("optimizer steps", f"{_fmt_num(s.optimizer_steps_foreach)} run at the foreach "
+                                        "level (torch.optim's multi-tensor path, equal results)"))
     if s.warmup_ended:
         # Note [The first iteration runs eagerly]
         rows.insert(0, ("capture started", f"after eager warm-up, at {s.warmup_ended}"))

@@ -28,6 +28,7 @@ import importlib.util
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,6 +39,8 @@ from ._logging import log
 from .config import Options
 from .dispatch import AdaptiveEagerMode, MetaMemo, ObserveMode, OpTable
 from .dispatch.opaque import install as install_opaque_calls
+from .dispatch.optim import restore as restore_foreach
+from .dispatch.optim import use_foreach
 from .dispatch.source import user_source
 from .runtime import Counters, Executor, make_executor
 from .statistics import SiteCounters, Stats, snapshot
@@ -142,8 +145,42 @@ def _park_or_resume(mode: AdaptiveEagerMode, weight: int) -> bool:
     return True
 
 
-def _safe_point(*_: Any) -> None:
+def _step_starts(opt: Any, *_: Any) -> None:
+    """The start of an optimizer step (a global optimizer step pre hook): qualifying
+    param groups run at the foreach level (Note [Optimizer steps at the foreach level])."""
+    switched = _foreach_switched()
+    left = switched.pop(opt, None)
+    if left:  # the last step raised before its post hook ran
+        restore_foreach(left)
+    if getattr(_TLS, "stack", None):
+        groups = use_foreach(opt)
+        if groups:
+            switched[opt] = groups
+            _COUNTERS.optimizer_steps_foreach += 1
+
+
+def _foreach_switched() -> "weakref.WeakKeyDictionary":
+    switched = getattr(_TLS, "foreach", None)
+    if switched is None:
+        switched = _TLS.foreach = weakref.WeakKeyDictionary()
+    return switched
+
+
+def _restore_foreach_all() -> None:
+    """Every group this thread switched and did not restore yet gets foreach=None back."""
+    switched = getattr(_TLS, "foreach", None)
+    while switched:
+        _, groups = switched.popitem()
+        restore_foreach(groups)
+
+
+def _safe_point(opt: Any, *_: Any) -> None:
     """The end of an optimizer step (a global optimizer step post hook)."""
+    switched = getattr(_TLS, "foreach", None)
+    if switched:
+        groups = switched.pop(opt, None)
+        if groups:
+            restore_foreach(groups)
     st = getattr(_TLS, "stack", None)
     if not st:
         return
@@ -205,8 +242,12 @@ def _install_safe_point() -> None:
     # Global optimizer hooks are torch's public API and cost nothing to code that
     # never steps an optimizer; installed once per process, with the first session.
     if not _SAFE_POINT_HOOK:
-        from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
+        from torch.optim.optimizer import (  # noqa: PLC0415
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
+        _SAFE_POINT_HOOK.append(register_optimizer_step_pre_hook(_step_starts))
         _SAFE_POINT_HOOK.append(register_optimizer_step_post_hook(_safe_point))
 
 
@@ -306,6 +347,8 @@ class adaptive_eager:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         mode, observe = _stack().pop()
         try:
+            if not _stack():
+                _restore_foreach_all()
             mode.flush("exit")
             if observe is not None:
                 mode.release_handles()  # Note [Releasing bound handles]

@@ -92,6 +92,7 @@ class Stats:
     meta_hits: int = 0
     meta_misses: int = 0
     handles_released: int = 0
+    optimizer_steps_foreach: int = 0
     warmup_ended: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

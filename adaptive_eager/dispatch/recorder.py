@@ -152,7 +152,10 @@ class Recorder:
             elif tx is list or tx is tuple:
                 sub_enc: list = []
                 sub_key: list = []
-                self._encode(x, True, sub_enc, sub_key)
+                # Floats in lists key like floats (a foreach op's Scalar[]: Note [Scalar
+                # lists are lifted too]); the few ops whose float lists shape the output
+                # (upsample scale factors) are _FLOAT_SHAPED and key them by value.
+                self._encode(x, by_value, sub_enc, sub_key)
                 enc.append(sub_enc if tx is list else tuple(sub_enc))
                 key.append((tx, tuple(sub_key)))
             elif tx is float or tx is complex:

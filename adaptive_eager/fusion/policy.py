@@ -261,7 +261,10 @@ def summarize(nodes: list[OpNode], inputs: list[int], outputs: list[int],
         if cls == "view":
             continue
         n_ops += 1
-        for vid in list(node.inputs()) + [v for v in node.outputs if v is not None]:
+        # what the op reads, writes as results, and writes in place (a foreach op's
+        # in-place writes are its only outputs: it returns nothing)
+        mutated_only = [v for v in node.mutates if v not in node.outputs]
+        for vid in list(node.inputs()) + [v for v in node.outputs if v is not None] + mutated_only:
             spec = specs.get(vid)
             if spec is not None:
                 eager_bytes += spec.nbytes

@@ -52,7 +52,7 @@ from ..fusion.graph import storage_groups
 from ..fusion.ir import Window
 from ..fusion.partition import Partition, Region, partition
 from ..fusion.policy import DefaultCost, SupportPolicy
-from ..fusion.scalars import lift_rule, scalar_dtype
+from ..fusion.scalars import lift_rule, lifted_dtype, scalar_dtype
 from ..fusion.signature import miss_cause, outline, window_key
 from .backends import backend_support, for_device, get_backend, is_debugging
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
@@ -291,7 +291,7 @@ class CompiledExecutor:
                 index[i] = len(index)
         steps = []
         for region in part.steps:
-            slots = tuple((index[i], scalar_dtype(window.specs[window.nodes[i].outputs[0]].dtype))
+            slots = tuple((index[i], scalar_dtype(lifted_dtype(window.nodes[i], window.specs)))
                           for i in region.nodes if i in index) if region.fused else ()
             steps.append(Step(region, slots))
         return Plan(tuple(steps), any(r.fused for r in part.steps))

@@ -43,6 +43,7 @@ class Counters:
     compiles_in_flight: int = 0
     meta_hits: int = 0
     meta_misses: int = 0
+    optimizer_steps_foreach: int = 0  # torch.optim steps run at the foreach level (dispatch/optim.py)
     handles_released: int = 0     # bound handles turned into plain tensors (mode.release_handles)
     warmup_ended: str = ""        # why and where capture started (Note [The first iteration runs eagerly])
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
