@@ -91,7 +91,7 @@ def partition(window: Window, groups: Mapping[int, int], support: SupportPolicy,
         if anc[i] & open_mask:
             steps.append(_close(window, open_nodes, readers, roots, cost))
             open_nodes, open_mask = [], 0
-        steps.append(_eager(window, [i], readers, reason))
+        steps.append(_eager(window, [i], readers, roots, reason))
     if open_nodes:
         steps.append(_close(window, open_nodes, readers, roots, cost))
     part = Partition(tuple(steps))
@@ -107,13 +107,14 @@ def _readers(window: Window) -> dict[int, list[int]]:
     return out
 
 
-def _io(window: Window, nodes: list[int], readers: Mapping[int, list[int]]):
+def _io(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
+        roots: StorageRoots):
     inside = set(nodes)
     made: list[int] = []
     made_set: set[int] = set()
     inputs: list[int] = []
     seen: set[int] = set()
-    mutated: list[int] = []
+    written: set[int] = set()
     for i in nodes:
         node = window.nodes[i]
         for vid in node.inputs():
@@ -121,26 +122,31 @@ def _io(window: Window, nodes: list[int], readers: Mapping[int, list[int]]):
                 seen.add(vid)
                 inputs.append(vid)
         for vid in node.mutates:
-            if vid not in made_set and vid not in mutated:
-                mutated.append(vid)
+            written.add(roots.root(vid))
         for vid in node.outputs:
             if vid is not None and vid not in made_set and vid not in seen:
                 made_set.add(vid)
                 made.append(vid)
+    # Note [Writes through views made inside a region]
+    # ``p.data.add_(g)`` writes p through a view (``detach``) made inside the region: the
+    # node mutates the view's id, not p's. Every input whose storage the region writes,
+    # directly or through such a view, is mutated: the first compiled call runs on
+    # copies of exactly these (runtime/compiled.py), and aliasing checks see the write.
+    mutated = [v for v in inputs if roots.root(v) in written]
     outputs = [v for v in made
                if v in window.outputs or any(j not in inside for j in readers.get(v, ()))]
     return tuple(inputs), tuple(outputs), tuple(mutated)
 
 
 def _eager(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
-           reason: str) -> Region:
-    inputs, outputs, mutated = _io(window, nodes, readers)
+           roots: StorageRoots, reason: str) -> Region:
+    inputs, outputs, mutated = _io(window, nodes, readers, roots)
     return Region(tuple(nodes), inputs, outputs, mutated, False, reason)
 
 
 def _close(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
            roots: StorageRoots, cost: CostModel) -> Region:
-    inputs, outputs, mutated = _io(window, nodes, readers)
+    inputs, outputs, mutated = _io(window, nodes, readers, roots)
     # Note [Aliased inputs are not fused]
     # A compiler sees each input as its own buffer. If two inputs share storage and the
     # region writes it, the compiled code could read stale data; such regions stay eager.

@@ -54,7 +54,7 @@ from ..fusion.scalars import lift_rule, scalar_dtype
 from ..fusion.signature import window_key
 from .backends import backend_support, for_device, get_backend, is_debugging
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
-from .checks import clone_strided, outputs_match
+from .checks import aliases_any, clone_strided, inputs_intact, outputs_match
 from .compiler import CompileService
 from .counters import Counters
 from .executor import replay_guard, run_node
@@ -66,10 +66,12 @@ _COST_REASONS = frozenset({"too_small", "not_worth_it", "nothing_to_fuse"})  # n
 
 @dataclass(frozen=True)
 class Step:
-    """One region of a plan and the lifted-scalar slots it reads: (float index, dtype)."""
+    """One region of a plan, the lifted-scalar slots it reads ((float index, dtype)) and
+    where its written inputs sit among its arguments."""
 
     region: Region
     scalars: tuple[tuple[int, torch.dtype], ...] = ()
+    mutated: tuple[int, ...] = ()  # positions in region.inputs of the inputs it writes
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class Plan:
 
     steps: tuple[Step, ...]
     worth: bool
+
+
+_set_versions = torch._C._autograd._unsafe_set_version_counter
 
 
 def _profiling() -> bool:
@@ -278,7 +283,8 @@ class CompiledExecutor:
         for region in part.steps:
             slots = tuple((index[i], scalar_dtype(window.specs[window.nodes[i].outputs[0]].dtype))
                           for i in region.nodes if i in index) if region.fused else ()
-            steps.append(Step(region, slots))
+            mutated = tuple(j for j, v in enumerate(region.inputs) if v in region.mutated)
+            steps.append(Step(region, slots, mutated))
         return Plan(tuple(steps), any(r.fused for r in part.steps))
 
     # -- running --------------------------------------------------------------------
@@ -344,21 +350,44 @@ class CompiledExecutor:
         if step.scalars:
             args.extend(self._scalars(step, entry, floats))
         if not entry.checked:
-            if not self._first_call(window, region, entry, env, args):
-                return
-        elif len(entry.compiled_ns) < _TIMED_CALLS and self.demote:
-            t0 = time.perf_counter_ns()
-            outs = entry.fn(*args)
-            entry.compiled_ns.append(time.perf_counter_ns() - t0)
-            self._bind(region, env, outs)
-            self._maybe_demote(entry)
+            self._first_call(window, region, entry, env, args)
             return
-        elif _profiling():
-            with torch.profiler.record_function("adaptive_eager.compiled_region"):
+        written = [args[j] for j in step.mutated if not args[j].is_inference()]
+        versions = [t._version for t in written]
+        timed = len(entry.compiled_ns) < _TIMED_CALLS and self.demote
+        try:
+            if timed:
+                t0 = time.perf_counter_ns()
                 outs = entry.fn(*args)
-            self._bind(region, env, outs)
-        else:
-            self._bind(region, env, entry.fn(*args))
+                entry.compiled_ns.append(time.perf_counter_ns() - t0)
+            elif _profiling():
+                with torch.profiler.record_function("adaptive_eager.compiled_region"):
+                    outs = entry.fn(*args)
+            else:
+                outs = entry.fn(*args)
+        except Exception as e:  # noqa: BLE001 - a checked artifact that fails later
+            reason = f"compiled call failed: {type(e).__name__}: {e}"
+            if region.mutated:
+                # Its in-place updates may be partly done: replaying them would apply
+                # them twice, so the program sees the error (Note [The first compiled
+                # call runs on copies] covers the first call only).
+                self.compiler.fail(entry, reason, stays_correct=False)
+                raise
+            self.compiler.fail(entry, reason)
+            self._run_eager(window, region, env)
+            return
+        if written:
+            # Note [Version counters of written inputs]
+            # Each in-place op bumped its tensor's version when it was recorded (autograd's
+            # ADInplaceOrView runs before our mode), as eager does, and a write through
+            # ``p.data`` bumped none of p's. Functionalizing backends (aot_eager, Inductor)
+            # write mutated inputs back with a copy into the input itself, which bumps it
+            # again (a hand-written SGD step moved ``weight._version`` 1 -> 3 in 3 steps);
+            # the counts are put back to what eager shows.
+            _set_versions(tuple(written), tuple(versions))
+        self._bind(region, env, outs)
+        if timed:
+            self._maybe_demote(entry)
 
     def _bind(self, region: Region, env: dict, outs: Any) -> None:
         for vid, t in zip(region.outputs, outs):
@@ -366,31 +395,43 @@ class CompiledExecutor:
         self.counters.compiled_calls += 1
         self.counters.ops_fused += len(region.nodes)
 
+    # Note [The first compiled call runs on copies]
+    # An artifact's first call is checked: its outputs against the recorded specs, the
+    # inputs it must only read against what they held, and (``verify_compiled``) its
+    # outputs and in-place updates against an eager run. It runs on copies of every
+    # argument, so that no compiler bug reaches the program's data: a write into an input
+    # the region only reads is caught on the copy, and an in-place update (an SGD step,
+    # ``p.data.add_(g)``, Note [Writes through views made inside a region]) lands on the
+    # copy, to be compared with eager's, which is the one the program keeps. Only a
+    # region that writes no input, returns no view of one and passed every check binds
+    # the compiled results of this call; the others run eagerly this once. The copies
+    # cost each region's inputs once, in memory and time, at its first compiled call.
     def _first_call(self, window: Window, region: Region, entry: RegionEntry, env: dict,
                     args: list) -> bool:
-        """Check the artifact once: compiled on clones vs eager on the real inputs.
+        """Check the artifact once, on copies (Note [The first compiled call runs on copies]).
 
         True when the compiled results were bound; False when the region ran eagerly.
         """
         entry.checked = True
-        clones = [clone_strided(a) if i < len(region.inputs) and
-                  region.mutated else a for i, a in enumerate(args)]
+        copies = [clone_strided(a) if isinstance(a, torch.Tensor) else a for a in args]
         try:
-            outs = entry.fn(*clones)
+            outs = entry.fn(*copies)
         except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
             self.compiler.fail(entry, f"compiled call failed: {type(e).__name__}: {e}")
             self._run_eager(window, region, env)
             return False
-        if not self.options.verify_compiled:
-            problem = outputs_match(window, region, outs, None, None, None)
-            if problem is None and not region.mutated:
-                self._bind(region, env, outs)
-                return True
+        problem = outputs_match(window, region, outs, None, None, None) or \
+            inputs_intact(region, args, copies)
+        if problem is None and not self.options.verify_compiled and not region.mutated \
+                and not aliases_any(outs, copies):
+            self._bind(region, env, outs)
+            return True
         t0 = time.perf_counter_ns()
         self._run_eager(window, region, env)
         entry.eager_ns.append(time.perf_counter_ns() - t0)
-        ref = [env[v] for v in region.outputs]
-        problem = outputs_match(window, region, outs, ref, clones, env)
+        if problem is None and self.options.verify_compiled:
+            ref = [env[v] for v in region.outputs]
+            problem = outputs_match(window, region, outs, ref, copies, env)
         if problem is not None:
             self.compiler.fail(entry, f"compiled outputs differ: {problem}")
         return False

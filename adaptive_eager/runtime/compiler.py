@@ -153,8 +153,13 @@ class CompileService:
         if self.timeout_s and time.monotonic() - entry.submitted_at > self.timeout_s:
             self.fail(entry, f"compile timed out after {self.timeout_s:.0f} s")
 
-    def fail(self, entry: RegionEntry, reason: str, count: str = "compile_failures") -> None:
-        """Mark ``entry`` eager-only, count it, and log once per kind of reason."""
+    def fail(self, entry: RegionEntry, reason: str, count: str = "compile_failures",
+             stays_correct: bool = True) -> None:
+        """Mark ``entry`` eager-only, count it, and log once per kind of reason.
+
+        ``stays_correct=False``: the failure reached the program (a compiled call that
+        raised after its first, checked one, in a region that writes its inputs); the
+        log says so instead of promising correct results."""
         if entry.state == EAGER_ONLY:
             return
         entry.state, entry.fn, entry.reason = EAGER_ONLY, None, reason
@@ -162,7 +167,11 @@ class CompileService:
             setattr(self.counters, count, getattr(self.counters, count) + 1)
             self.counters.note_fallback("region", reason.split(":")[0])
         kind = reason.split(":")[0]
-        if kind not in self._logged:
+        if not stays_correct:
+            log.warning("adaptive_eager: a compiled region raised (%s) after writing some of its "
+                        "inputs; the error reaches the program and the region runs eagerly "
+                        "from now on.", reason)
+        elif kind not in self._logged:
             self._logged.add(kind)
             log.warning("adaptive_eager: a region runs eagerly from now on (%s); results stay "
                         "correct. Further such events are counted, not logged.", reason)
