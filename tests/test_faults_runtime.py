@@ -192,3 +192,80 @@ def test_in_place_updates_count_versions_as_eager(backend):
     import contextlib
     assert run(ae.adaptive_eager(**_opts(backend))) == run(contextlib.nullcontext())
     assert ae.stats().compiled_calls >= 1
+
+
+# -- item 9: the sign of zero (and NaN payloads) is part of a scalar's value ------------
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().view(torch.int32)
+
+
+def _nan(payload: int) -> float:
+    import struct
+
+    return struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000000 | payload))[0]
+
+
+SPECIAL = [1.0, 0.0, -0.0, 0.0, -0.0, math.inf, -math.inf, -0.0]
+
+
+@pytest.mark.parametrize("where", ["lifted", "baked"])
+def test_negative_zero_is_not_zero(where, device):
+    torch.manual_seed(0)
+    x = torch.rand(64, 64).add_(0.5).to(device)
+    m = (torch.rand(64, 64) < 0.5).to(device)
+
+    def prog(s):
+        if where == "lifted":
+            y = x * s                       # a lifted scalar (Note [Scalar lifting])
+        else:
+            y = x.masked_fill(m, s)         # a baked one (in the region key)
+        return (1.0 / y).mul(2.0)
+
+    expected = [prog(s) for s in SPECIAL]
+    with ae.adaptive_eager(**_opts(device=device)):
+        got = []
+        for s in SPECIAL:
+            got.append(prog(s))
+            ae.sync()
+    for s, e, g in zip(SPECIAL, expected, got):
+        same = torch.equal(_bits(g), _bits(e))
+        assert same, f"scalar {s!r}: {g.flatten()[:3].tolist()}, eager {e.flatten()[:3].tolist()}"
+    assert ae.stats().compiled_calls >= 1
+
+
+@pytest.mark.parametrize("payload", [None, 1 << 40])
+def test_nan_constants_keep_their_bits_and_a_fresh_nan_hits_the_cache(payload, device):
+    x = torch.rand(256, 256).to(device)
+    m = (torch.rand(256, 256) < 0.5).to(device)
+
+    def nan():  # a new float object each time
+        return float("nan") if payload is None else _nan(payload)
+
+    expected = [x.masked_fill(m, nan()).mul(2.0) for _ in range(4)]
+    with ae.adaptive_eager(**_opts(device=device)):
+        got = []
+        for _ in range(4):
+            got.append(x.masked_fill(m, nan()).mul(2.0))
+            ae.sync()
+    for e, g in zip(expected, got):
+        same = torch.equal(_bits(g), _bits(e))
+        assert same, "NaN bits differ"
+    s = ae.stats()
+    if payload is None:
+        assert s.compiled_calls >= 2, s  # one key for every canonical NaN
+    else:  # Note [NaN payloads run eagerly]
+        assert s.compiled_calls == 0, s
+        assert any("nan_payload" in r for r in s.fallback_reasons.values()), s.fallback_reasons
+
+
+def test_float_keys_tell_signed_zeros_and_nans_apart():
+    from adaptive_eager.fusion.signature import _freeze, _freeze_args
+
+    nan = float("nan")
+    assert _freeze_args((0.0,)) != _freeze_args((-0.0,))
+    assert _freeze((0.0, [1.0])) != _freeze((-0.0, [1.0]))
+    assert _freeze_args((nan,)) == _freeze_args((float("nan"),))
+    assert _freeze_args((_nan(1),)) != _freeze_args((_nan(2),))
+    assert _freeze_args((complex(0.0, 0.0),)) != _freeze_args((complex(-0.0, 0.0),))
+    assert _freeze_args((3 + 0j,)) != _freeze_args((3,))

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import time
+from math import copysign
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping
 
@@ -338,7 +339,9 @@ class CompiledExecutor:
         for slot, (fi, dtype) in enumerate(step.scalars):
             v = floats[fi]
             hit = cache.get(slot)
-            if hit is None or hit[0] != v:
+            # -0.0 == 0.0, but not as a factor (Note [Floats in keys are compared by
+            # bits]); NaN != NaN, so a NaN is made afresh, payload and all.
+            if hit is None or hit[0] != v or (v == 0.0 and copysign(1.0, v) != copysign(1.0, hit[0])):
                 hit = cache[slot] = (v, torch.tensor(v, dtype=dtype))
             out.append(hit[1])
         return out
