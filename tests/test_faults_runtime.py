@@ -269,3 +269,28 @@ def test_float_keys_tell_signed_zeros_and_nans_apart():
     assert _freeze_args((_nan(1),)) != _freeze_args((_nan(2),))
     assert _freeze_args((complex(0.0, 0.0),)) != _freeze_args((complex(-0.0, 0.0),))
     assert _freeze_args((3 + 0j,)) != _freeze_args((3,))
+
+
+# -- item 17: a compile that never returns must not keep the interpreter alive ----------
+
+@pytest.mark.parametrize("async_compile", [True, False])
+def test_backend_that_never_returns_does_not_block_exit(async_compile):
+    code = textwrap.dedent(f"""
+        import threading, torch, adaptive_eager as ae
+
+        def never(gm, example_inputs):
+            threading.Event().wait()        # a compiler stuck for good
+
+        x = torch.randn(64, 64)
+        with ae.adaptive_eager(backend=never, compile_after=1, async_compile={async_compile},
+                               compile_timeout_s=0.5, min_region_work=0,
+                               adaptive_passthrough=False):
+            for _ in range(3):
+                y = ((x * 2 + 1).sin() * x).sum().item()
+        print("done", y == ((x * 2 + 1).sin() * x).sum().item(), flush=True)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=90, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "done True" in proc.stdout
