@@ -294,3 +294,48 @@ def test_backend_that_never_returns_does_not_block_exit(async_compile):
                           timeout=90, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "done True" in proc.stdout
+
+
+# -- item 10: the runtime leaves the program's thread count alone -----------------------
+
+def test_thread_count_and_losses_stay_the_programs_while_a_compile_is_in_flight(monkeypatch):
+    from adaptive_eager.runtime import compile_worker
+
+    release = threading.Event()
+
+    def stuck_in_worker(gm, example_inputs):
+        release.wait(60)                 # a compile in flight in the worker process
+        raise compile_worker.CompileError("abandoned by the test")
+
+    monkeypatch.setattr(compile_worker, "compile_in_worker", stuck_in_worker)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+
+    def train(ctx):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
+                                    torch.nn.Linear(512, 256))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(256, 256)
+        losses, threads = [], []
+        with ctx:
+            for _ in range(6):
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+                threads.append(torch.get_num_threads())
+        return losses, threads
+
+    import contextlib
+    try:
+        expected = train(contextlib.nullcontext())
+        got = train(ae.adaptive_eager(backend="inductor", compile_after=1))
+        assert ae.stats().compiles_in_flight >= 1 or ae.stats().compile_failures >= 1
+    finally:
+        release.set()
+        torch.set_num_threads(n)
+    assert got[1] == [2] * 6
+    assert got[0] == expected[0]         # nothing compiled: bit for bit eager's

@@ -36,7 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 import time
 from math import copysign
 from dataclasses import dataclass
@@ -90,42 +89,19 @@ def _profiling() -> bool:
     return torch.autograd.profiler._is_profiler_enabled
 
 
-# Note [Sharing the cores with the compile worker]
-# While the worker process compiles, the program's intra-op threads and the worker
-# oversubscribe the cores when torch already uses all of them: measured on this 2-core
-# machine, a GPT training step (2 threads) took 268 ms alone and 869 ms next to one
-# CPU-bound process (``python -c "while True: pass"``), but 526 ms with 1 thread. So
-# while the program waits for a compile (Note [Waiting for compiles runs eagerly]) the thread
-# that waits uses one intra-op thread fewer, and gets its count back when the wait
-# ends or its block exits, unless the program changed it meanwhile.
-class ThreadShare:
-    """Lower ``torch.get_num_threads()`` by one while compiles run in the worker."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self._saved: tuple[int, int] | None = None  # (the program's count, ours)
-
-    def waiting(self, started: bool) -> None:
-        if not self.enabled:
-            return
-        if started:
-            if self._saved is not None:
-                return
-            n = torch.get_num_threads()
-            try:
-                cores = len(os.sched_getaffinity(0))
-            except (AttributeError, OSError):
-                cores = os.cpu_count() or 1
-            if n >= cores and n > 1:
-                torch.set_num_threads(n - 1)
-                self._saved = (n, n - 1)
-        else:
-            self.restore()
-
-    def restore(self) -> None:
-        saved, self._saved = self._saved, None
-        if saved is not None and torch.get_num_threads() == saved[1]:
-            torch.set_num_threads(saved[0])
+# Note [The program's threads are its own]
+# The runtime never changes the program's visible state, its intra-op thread count
+# included. It used to lend one of the program's threads to the compile worker while a
+# compile was in flight (``set_num_threads(n - 1)``): the program read 1 from
+# ``torch.get_num_threads()`` after setting 2, and its eager kernels, run with another
+# thread count, reduced in another order (fp32 losses 1e-7 off eager's with nothing
+# compiled). The worker now competes for the cores as any process does. Measured with
+# ``python -m benchmarks.threads_share`` (MLP step, 2 threads, 2 cores shared with other
+# jobs, load average 2-5, so read ratios loosely): alone 168-322 ms; next to a busy
+# process at nice 0 320-644 ms; with one thread fewer 195-213 ms; busy process at nice 10
+# 194-344 ms, at the cost of 0.36-0.57x its progress. A lower-priority worker was not
+# adopted: its compiles would take 2-3x longer, and at nice 10 it once starved outright
+# (Note [Compile in a subprocess]); the slowdown while a compile runs is in the README.
 
 
 class CompiledExecutor:
@@ -142,10 +118,8 @@ class CompiledExecutor:
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
-        self.threads = ThreadShare(options.backend == "inductor")
         self.defer = DeferPolicy(options.adaptive_passthrough, warmup=options.warmup,
-                                 in_flight=lambda: counters.compiles_in_flight,
-                                 on_wait=self.threads.waiting)
+                                 in_flight=lambda: counters.compiles_in_flight)
         self.should_defer = self.defer.should_defer  # hot: asked on every torch call
         self._eager_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
         self._novel: cachetools.LRUCache = cachetools.LRUCache(max(256, 4 * options.cache_size))
