@@ -339,3 +339,228 @@ def test_thread_count_and_losses_stay_the_programs_while_a_compile_is_in_flight(
         torch.set_num_threads(n)
     assert got[1] == [2] * 6
     assert got[0] == expected[0]         # nothing compiled: bit for bit eager's
+
+
+# -- item 15: an out-of-range index never reaches compiled code -------------------------
+
+BAD = 1000  # out of range for every program below
+
+
+def _index_programs(device: str) -> dict:
+    w = torch.randn(10, 64).to(device)
+    src = torch.randn(512, 64).to(device)
+    big = torch.randn(_N_BIG, 10).to(device)
+    col = torch.randn(_N_BIG).to(device)
+
+    def zeros(*shape):
+        return torch.zeros(*shape, device=device)
+
+    return {
+        "embedding": lambda i: (F.embedding(i, w) * 2).sum(0),
+        "gather": lambda i: (w.gather(0, i.view(-1, 1).expand(-1, 64)) * 2).sum(0),
+        "index_select": lambda i: (w.index_select(0, i) * 2).sum(0),
+        "scatter_add": lambda i: zeros(10, 64).scatter_add(0, i.view(-1, 1).expand(-1, 64), src * 2) + 1,
+        "index_put": lambda i: zeros(10, 64).index_put((i,), src * 2, accumulate=True) + 1,
+        "index_add": lambda i: zeros(10, 64).index_add(0, i, src * 2) + 1,
+        "take": lambda i: (w.take(i) * 2).exp(),
+        "put_": lambda i: zeros(640).put_(i, (col * 2).exp(), accumulate=True) + 1,
+        "cross_entropy": lambda i: F.cross_entropy(big * 2, i),
+        "cross_entropy_ignore": lambda i: F.cross_entropy(big * 2, i, ignore_index=-100),
+    }
+
+
+_N_BIG = 1 << 15  # indices of the programs whose regions are small otherwise
+
+
+def _indices(name: str, bad: bool, device: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    n = _N_BIG if name in ("take", "put_", "cross_entropy", "cross_entropy_ignore") else 512
+    i = torch.randint(0, 10, (n,), generator=g)
+    if name == "cross_entropy_ignore":
+        i[::7] = -100                    # allowed: ignore_index
+    if bad:
+        i[5] = BAD
+    return i.to(device)
+
+
+def _seeing(seen: list):
+    """A backend (the eager one) that records every integer tensor its calls get."""
+    def backend(gm, example_inputs):
+        def run(*args):
+            seen.extend(a.cpu().clone() for a in args
+                        if isinstance(a, torch.Tensor) and not a.is_floating_point())
+            return gm(*args)
+        return run
+    return backend
+
+
+def _each(fn, args):
+    out = []
+    for a in args:
+        try:
+            out.append(fn(a))
+        except Exception as e:  # noqa: BLE001 - compared by the caller
+            out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(_index_programs("cpu")))
+def test_out_of_range_index_raises_eagers_error_and_compiled_code_never_sees_it(name, device):
+    prog = _index_programs(device)[name]
+    indices = [_indices(name, bad, device) for bad in (False, False, True, False)]
+    expected = _each(prog, indices)
+    assert isinstance(expected[2], Exception)
+    seen: list = []
+
+    def step(i):
+        r = prog(i)
+        ae.sync()
+        return r
+
+    with ae.adaptive_eager(**_opts(_seeing(seen), device=device)):
+        got = _each(step, indices)
+    for e, g in zip(expected, got):
+        if isinstance(e, Exception):
+            assert type(g) is type(e), (e, g)
+        else:
+            assert not isinstance(g, Exception), g
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-4)  # accumulation order
+    assert ae.stats().compiled_calls >= 1, "the index op never ran compiled"
+    assert seen and all(int(t.max()) < BAD for t in seen if t.numel())
+
+
+def _partition(inputs: dict, nodes: tuple, specs: dict, outputs: set, alias_root=None):
+    from adaptive_eager.fusion.graph import storage_groups
+    from adaptive_eager.fusion.ir import Window
+    from adaptive_eager.fusion.partition import partition
+    from adaptive_eager.fusion.policy import DefaultCost, OpSupport
+
+    w = Window(inputs, nodes, specs, frozenset(outputs), alias_root or {})
+    return partition(w, storage_groups(w), OpSupport(), DefaultCost(min_work=0, call_us=0)).steps
+
+
+def test_index_computed_in_a_region_starts_a_new_one_that_checks_it():
+    from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef as R
+
+    aten = torch.ops.aten
+    w, ids = torch.randn(10, 64), torch.randint(0, 5, (512,))
+    S = TensorSpec.of
+    emb = torch.randn(512, 64)
+    specs = {0: S(w), 1: S(ids), 2: S(ids), 3: S(emb), 4: S(emb), 5: S(ids.view(16, 32)),
+             6: S(emb.view(16, 32, 64))}
+    computed = _partition({0: w, 1: ids}, (
+        OpNode(aten.mul.Tensor, (R(1), 2), (), (2,)),              # ids * 2: computed here
+        OpNode(aten.embedding.default, (R(0), R(2)), (), (3,)),
+        OpNode(aten.mul.Tensor, (R(3), 2.0), (), (4,)),
+    ), specs, {4})
+    assert [r.nodes for r in computed] == [(0,), (1, 2)]
+    assert computed[1].fused and computed[1].index_checks == ((2, 0, 10, None),)
+
+    viewed = _partition({0: w, 1: ids}, (
+        OpNode(aten.view.default, (R(1), [16, 32]), (), (5,), (), True),  # elements of ids
+        OpNode(aten.embedding.default, (R(0), R(5)), (), (6,)),
+        OpNode(aten.mul.Tensor, (R(6), 2.0), (), (4,)),
+    ), {**specs, 4: S(emb.view(16, 32, 64))}, {4}, {5: 1})
+    assert [r.nodes for r in viewed] == [(0, 1, 2)]
+    assert viewed[0].index_checks == ((1, 0, 10, None),)      # checked on the input
+
+    written = _partition({0: w, 1: ids}, (
+        OpNode(aten.add_.Tensor, (R(1), 20), (), (1,), (1,)),    # ids changes in the region
+        OpNode(aten.embedding.default, (R(0), R(1)), (), (3,)),
+        OpNode(aten.mul.Tensor, (R(3), 2.0), (), (4,)),
+    ), specs, {4})
+    assert [r.nodes for r in written] == [(0,), (1, 2)]
+
+
+def test_an_index_op_without_a_rule_runs_eagerly():
+    from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef as R
+
+    aten = torch.ops.aten
+    x, ix = torch.randn(4, 8, 8), torch.zeros(4, 8, 8, dtype=torch.long)
+    S = TensorSpec.of
+    steps = _partition({0: x, 1: ix}, (
+        OpNode(aten.mul.Tensor, (R(0), 2.0), (), (2,)),
+        OpNode(aten.max_unpool2d.default, (R(2), R(1), [16, 16]), (), (3,)),
+        OpNode(aten.fractional_max_pool2d_backward.default,
+               (R(3), R(0), [2, 2], [4, 4], R(1)), (), (4,)),
+    ), {0: S(x), 1: S(ix), 2: S(x), 3: S(torch.zeros(4, 16, 16)), 4: S(x)}, {4})
+    assert steps[-1].reason == "unchecked_index"
+
+
+@pytest.mark.parametrize("op", ["index", "index_put"])
+def test_integer_tensor_indexing_in_a_region_is_checked(op):
+    """index.Tensor reaches regions once integer ``x[idx]`` is fusible; a support policy
+    that fuses it stands in for that here."""
+    from adaptive_eager import config
+    from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef as R, Window
+    from adaptive_eager.runtime import CompiledExecutor, Counters
+
+    class FuseAll:  # support and cost policy in one
+        def unsupported(self, node):
+            return None
+
+        def decide(self, summary):
+            return None
+
+    aten = torch.ops.aten
+    w = torch.randn(10, 64)
+    S = TensorSpec.of
+    seen: list = []
+    ex = CompiledExecutor(config.resolve(backend=_seeing(seen), compile_after=1, async_compile=False,
+                                         min_region_work=0, adaptive_passthrough=False),
+                          Counters(), support=FuseAll(), cost=FuseAll())
+
+    def window(ids):
+        if op == "index":
+            out = torch.empty(len(ids), 64)   # w[ids]'s metadata
+            nodes = (OpNode(aten.index.Tensor, (R(0), [R(1)]), (), (2,)),
+                     OpNode(aten.mul.Tensor, (R(2), 2.0), (), (3,)))
+        else:
+            out = torch.zeros(10, 64)
+            nodes = (OpNode(aten.mul.Tensor, (R(0), 2.0), (), (2,)),
+                     OpNode(aten.index_put.default, (R(2), [R(1)], R(0)), (), (3,)))
+        return Window({0: w, 1: ids}, nodes, {0: S(w), 1: S(ids), 2: S(out if op == "index" else w),
+                                             3: S(out if op == "index" else w)}, frozenset({3}))
+
+    def eager(ids):
+        return w[ids] * 2 if op == "index" else (w * 2).index_put([ids], w)
+
+    good = torch.tensor([3, -1, 9, -10, 0, 5, 2, 7, 1, 4])     # negative ones wrap, as eager's
+    bad = good.clone()
+    bad[2] = BAD
+    for ids in (good, good, good):
+        torch.testing.assert_close(ex.run(window(ids))[3], eager(ids))
+    with pytest.raises(IndexError):
+        eager(bad)
+    with pytest.raises(IndexError):
+        ex.run(window(bad))
+    assert ex.counters.compiled_calls >= 1
+    assert seen and all(int(t.max()) < BAD for t in seen)
+
+
+@pytest.mark.inductor
+def test_out_of_range_index_under_inductor_raises_instead_of_aborting():
+    code = textwrap.dedent("""
+        import torch, torch.nn.functional as F, adaptive_eager as ae
+
+        w = torch.randn(10, 64)
+        good = torch.randint(0, 10, (4096,))
+        bad = good.clone(); bad[1] = 12
+        with ae.adaptive_eager(backend="inductor", compile_after=1, async_compile=False,
+                               min_region_work=0, adaptive_passthrough=False):
+            for name, prog in (("embedding", lambda i: (F.embedding(i, w) * 2).sum()),
+                               ("nll", lambda i: F.cross_entropy(torch.ones(4096, 10) * 2, i))):
+                for i in (good, good, bad, good):
+                    try:
+                        print(name, float(prog(i)), flush=True)
+                    except IndexError as e:
+                        print(name, "IndexError", flush=True)
+        print("compiled", ae.stats().compiled_calls, flush=True)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert [ln.split()[1] == "IndexError" for ln in lines[:8]] == [False, False, True, False] * 2, lines
+    assert int(lines[-1].split()[1]) >= 2, lines

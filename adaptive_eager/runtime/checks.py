@@ -98,6 +98,25 @@ def aliases_any(outs: Sequence[Any], tensors: Sequence[Any]) -> bool:
                for o in outs)
 
 
+def indices_in_range(args: Sequence[Any], checks: Sequence[tuple[int, Sequence[tuple]]]) -> bool:
+    """Whether every ``args[j]`` of ``checks`` ((j, ((lo, hi, allowed), ...)), ...) holds
+    only values in ``[lo, hi)`` or equal to ``allowed`` (Note [Compiled code never sees an
+    index eager would reject], fusion/indices.py). One ``aminmax`` per tensor; the
+    element-wise test only when a value outside the range may be the allowed one."""
+    for j, ranges in checks:
+        t = args[j]
+        if t.numel() == 0:
+            continue
+        low, high = torch.aminmax(t)
+        low, high = int(low), int(high)
+        for lo, hi, allowed in ranges:
+            if lo <= low and high < hi:
+                continue
+            if allowed is None or not bool(((t >= lo) & (t < hi) | (t == allowed)).all()):
+                return False
+    return True
+
+
 def clone_strided(t: torch.Tensor) -> torch.Tensor:
     """A copy with ``t``'s strides (clone() may make non-dense layouts contiguous)."""
     try:
@@ -107,4 +126,5 @@ def clone_strided(t: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["close", "meta_problem", "outputs_match", "same_bits", "inputs_intact", "aliases_any",
+           "indices_in_range",
            "clone_strided"]

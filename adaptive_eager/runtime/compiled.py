@@ -54,7 +54,7 @@ from ..fusion.scalars import lift_rule, scalar_dtype
 from ..fusion.signature import window_key
 from .backends import backend_support, for_device, get_backend, is_debugging
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
-from .checks import aliases_any, clone_strided, inputs_intact, outputs_match
+from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact, outputs_match
 from .compiler import CompileService
 from .counters import Counters
 from .executor import replay_guard, run_node
@@ -72,6 +72,8 @@ class Step:
     region: Region
     scalars: tuple[tuple[int, torch.dtype], ...] = ()
     mutated: tuple[int, ...] = ()  # positions in region.inputs of the inputs it writes
+    # (position in region.inputs, ((lo, hi, allowed), ...)): Region.index_checks by input
+    index_checks: tuple[tuple[int, tuple[tuple[int, int, int | None], ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,15 @@ class Plan:
 
 
 _set_versions = torch._C._autograd._unsafe_set_version_counter
+
+
+def _by_input(region: Region) -> tuple:
+    """``region.index_checks`` grouped by the position of the input they check."""
+    pos = {v: j for j, v in enumerate(region.inputs)}
+    grouped: dict[int, list] = {}
+    for vid, lo, hi, allowed in region.index_checks:
+        grouped.setdefault(pos[vid], []).append((lo, hi, allowed))
+    return tuple((j, tuple(r)) for j, r in grouped.items())
 
 
 def _profiling() -> bool:
@@ -259,7 +270,7 @@ class CompiledExecutor:
             slots = tuple((index[i], scalar_dtype(window.specs[window.nodes[i].outputs[0]].dtype))
                           for i in region.nodes if i in index) if region.fused else ()
             mutated = tuple(j for j, v in enumerate(region.inputs) if v in region.mutated)
-            steps.append(Step(region, slots, mutated))
+            steps.append(Step(region, slots, mutated, _by_input(region)))
         return Plan(tuple(steps), any(r.fused for r in part.steps))
 
     # -- running --------------------------------------------------------------------
@@ -326,6 +337,11 @@ class CompiledExecutor:
         args = [env[v] for v in region.inputs]
         if step.scalars:
             args.extend(self._scalars(step, entry, floats))
+        if step.index_checks and not indices_in_range(args, step.index_checks):
+            # Note [Compiled code never sees an index eager would reject]: eager raises
+            # its own error (or computes, where a range is stricter than eager's).
+            self._run_eager(window, region, env)
+            return
         if not entry.checked:
             self._first_call(window, region, entry, env, args)
             return
