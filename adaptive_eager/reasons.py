@@ -75,6 +75,12 @@ ADVICE: dict[str, str] = {
 # Fallback reasons (an op ran eagerly, outside compiled regions) where they differ from,
 # or are missing in, the flush reasons above.
 FALLBACK_ADVICE: dict[str, str] = {
+    "nan_payload": "the op bakes a NaN constant with a non-standard bit pattern, which generated "
+                   "code cannot spell; it runs eagerly (Note [NaN payloads run eagerly]); "
+                   "nothing to change",
+    "unchecked_index": "the op reads integer indices that compiled regions cannot bounds-check "
+                       "(fusion/indices.py has no rule for it), so it runs eagerly (Note "
+                       "[Compiled code never sees an index eager would reject]); nothing to change",
     "random": "random ops run eagerly (in program order, for eager's exact numbers); "
               "nothing to change",
     "opaque": "not an ATen op the compiler understands (a custom or Python op): it runs "

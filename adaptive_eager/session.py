@@ -352,9 +352,6 @@ class adaptive_eager:
             mode.flush("exit")
             if observe is not None:
                 mode.release_handles()  # Note [Releasing bound handles]
-                threads = getattr(mode.executor, "threads", None)
-                if threads is not None:
-                    threads.restore()  # Note [Sharing the cores with the compile worker]
         finally:
             if observe is not None:
                 if observe.deep and not observe.resume():

@@ -391,28 +391,3 @@ def test_reshaped_windows_stop_deferral_sooner():
         ex.run(Window({0: x}, nodes, {i: s for i in range(7)}, frozenset({6})))
     assert needed < ex.defer.novel_patience // 4
     assert not ex.should_defer()
-
-
-def test_waiting_for_a_worker_compile_lends_one_intra_op_thread(monkeypatch):
-    """Note [Sharing the cores with the compile worker]: one thread fewer while waiting,
-    the program's count back when the wait ends or the block exits."""
-    from adaptive_eager.runtime.compiled import ThreadShare
-
-    n = torch.get_num_threads()
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(max(n, 2))), raising=False)
-    torch.set_num_threads(max(n, 2))
-    try:
-        t = ThreadShare(True)
-        full = torch.get_num_threads()
-        t.waiting(True)
-        assert torch.get_num_threads() == full - 1
-        t.waiting(False)
-        assert torch.get_num_threads() == full
-        t.waiting(True)
-        torch.set_num_threads(full + 1)  # the program changed it meanwhile: left alone
-        t.restore()
-        assert torch.get_num_threads() == full + 1
-        ThreadShare(False).waiting(True)
-        assert torch.get_num_threads() == full + 1
-    finally:
-        torch.set_num_threads(n)

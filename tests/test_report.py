@@ -242,10 +242,7 @@ def test_out_of_range_index_raises_at_its_line_and_the_window_goes_on():
     ("eager", {}),
     ("aot_eager", {"compile_after": 1, "async_compile": False, "min_region_work": 0}),
     pytest.param("inductor", {"compile_after": 1, "async_compile": False, "min_region_work": 0},
-                 marks=[pytest.mark.inductor, pytest.mark.xfail(
-                     strict=True, reason="Inductor's own bounds check raises RuntimeError; "
-                     "compiled regions bounds-check index inputs on another branch (remove "
-                     "this mark when it is merged)")]),
+                 marks=[pytest.mark.inductor]),
 ])
 def test_out_of_range_pending_index_raises_eagers_error(backend, opts):
     # An index computed in the window (pending, so not checked when recorded) raises

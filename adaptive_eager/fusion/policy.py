@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -140,6 +141,28 @@ def _spec_dtype(arg: Any, specs: Mapping[int, TensorSpec]) -> Any:
     return spec.dtype if spec is not None else None
 
 
+# Note [NaN payloads run eagerly]
+# Generated code spells a baked NaN ``nan`` (torch.fx's Python, Inductor's C++), which is
+# the canonical NaN: a constant NaN with another payload (rare, but a value eager keeps
+# bit for bit) would come out canonical. Ops that bake one run eagerly.
+_CANONICAL_NAN = struct.pack("<d", float("nan"))
+
+
+def _odd_nan(args: Any) -> bool:
+    for a in args:
+        t = type(a)
+        if t is float:
+            if a != a and struct.pack("<d", a) != _CANONICAL_NAN:
+                return True
+        elif t is complex:
+            if _odd_nan((a.real, a.imag)):
+                return True
+        elif t is tuple or t is list:
+            if _odd_nan(a):
+                return True
+    return False
+
+
 def _no_dropout(node: OpNode) -> bool:
     schema = getattr(node.target, "_schema", None)
     where = dropout_arg(schema) if schema is not None else None
@@ -177,6 +200,8 @@ class OpSupport:
             # Note [Attention without dropout is not random] (dispatch/mode.py): capture
             # records these; so may a region.
             return self._classify(target, random_ok=True)
+        if reason is None and (_odd_nan(node.args) or _odd_nan(v for _, v in node.kwargs)):
+            return "nan_payload"  # Note [NaN payloads run eagerly]
         return reason
 
     def _classify(self, target: object, random_ok: bool = False,

@@ -37,8 +37,8 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import time
+from math import copysign
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping
 
@@ -56,7 +56,7 @@ from ..fusion.scalars import lift_rule, lifted_dtype, scalar_dtype
 from ..fusion.signature import miss_cause, outline, window_key
 from .backends import backend_support, for_device, get_backend, is_debugging
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
-from .checks import clone_strided, outputs_match
+from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact, outputs_match
 from .compiler import CompileService
 from .counters import Counters
 from .executor import replay_guard, run_node
@@ -69,10 +69,14 @@ _COST_REASONS = frozenset({"too_small", "not_worth_it", "nothing_to_fuse"})  # n
 
 @dataclass(frozen=True)
 class Step:
-    """One region of a plan and the lifted-scalar slots it reads: (float index, dtype)."""
+    """One region of a plan, the lifted-scalar slots it reads ((float index, dtype)) and
+    where its written inputs sit among its arguments."""
 
     region: Region
     scalars: tuple[tuple[int, torch.dtype], ...] = ()
+    mutated: tuple[int, ...] = ()  # positions in region.inputs of the inputs it writes
+    # (position in region.inputs, ((lo, hi, allowed), ...)): Region.index_checks by input
+    index_checks: tuple[tuple[int, tuple[tuple[int, int, int | None], ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,46 +87,35 @@ class Plan:
     worth: bool
 
 
+_set_versions = torch._C._autograd._unsafe_set_version_counter
+
+
+def _by_input(region: Region) -> tuple:
+    """``region.index_checks`` grouped by the position of the input they check."""
+    pos = {v: j for j, v in enumerate(region.inputs)}
+    grouped: dict[int, list] = {}
+    for vid, lo, hi, allowed in region.index_checks:
+        grouped.setdefault(pos[vid], []).append((lo, hi, allowed))
+    return tuple((j, tuple(r)) for j, r in grouped.items())
+
+
 def _profiling() -> bool:
     return torch.autograd.profiler._is_profiler_enabled
 
 
-# Note [Sharing the cores with the compile worker]
-# While the worker process compiles, the program's intra-op threads and the worker
-# oversubscribe the cores when torch already uses all of them: measured on this 2-core
-# machine, a GPT training step (2 threads) took 268 ms alone and 869 ms next to one
-# CPU-bound process (``python -c "while True: pass"``), but 526 ms with 1 thread. So
-# while the program waits for a compile (Note [Waiting for compiles runs eagerly]) the thread
-# that waits uses one intra-op thread fewer, and gets its count back when the wait
-# ends or its block exits, unless the program changed it meanwhile.
-class ThreadShare:
-    """Lower ``torch.get_num_threads()`` by one while compiles run in the worker."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self._saved: tuple[int, int] | None = None  # (the program's count, ours)
-
-    def waiting(self, started: bool) -> None:
-        if not self.enabled:
-            return
-        if started:
-            if self._saved is not None:
-                return
-            n = torch.get_num_threads()
-            try:
-                cores = len(os.sched_getaffinity(0))
-            except (AttributeError, OSError):
-                cores = os.cpu_count() or 1
-            if n >= cores and n > 1:
-                torch.set_num_threads(n - 1)
-                self._saved = (n, n - 1)
-        else:
-            self.restore()
-
-    def restore(self) -> None:
-        saved, self._saved = self._saved, None
-        if saved is not None and torch.get_num_threads() == saved[1]:
-            torch.set_num_threads(saved[0])
+# Note [The program's threads are its own]
+# The runtime never changes the program's visible state, its intra-op thread count
+# included. It used to lend one of the program's threads to the compile worker while a
+# compile was in flight (``set_num_threads(n - 1)``): the program read 1 from
+# ``torch.get_num_threads()`` after setting 2, and its eager kernels, run with another
+# thread count, reduced in another order (fp32 losses 1e-7 off eager's with nothing
+# compiled). The worker now competes for the cores as any process does. Measured with
+# ``python -m benchmarks.threads_share`` (MLP step, 2 threads, 2 cores shared with other
+# jobs, load average 2-5, so read ratios loosely): alone 168-322 ms; next to a busy
+# process at nice 0 320-644 ms; with one thread fewer 195-213 ms; busy process at nice 10
+# 194-344 ms, at the cost of 0.36-0.57x its progress. A lower-priority worker was not
+# adopted: its compiles would take 2-3x longer, and at nice 10 it once starved outright
+# (Note [Compile in a subprocess]); the slowdown while a compile runs is in the README.
 
 
 class CompiledExecutor:
@@ -139,10 +132,8 @@ class CompiledExecutor:
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
-        self.threads = ThreadShare(options.backend == "inductor")
         self.defer = DeferPolicy(options.adaptive_passthrough, warmup=options.warmup,
-                                 in_flight=lambda: counters.compiles_in_flight,
-                                 on_wait=self.threads.waiting)
+                                 in_flight=lambda: counters.compiles_in_flight)
         self.should_defer = self.defer.should_defer  # hot: asked on every torch call
         self._eager_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
         self._novel: cachetools.LRUCache = cachetools.LRUCache(max(256, 4 * options.cache_size))
@@ -293,7 +284,8 @@ class CompiledExecutor:
         for region in part.steps:
             slots = tuple((index[i], scalar_dtype(lifted_dtype(window.nodes[i], window.specs)))
                           for i in region.nodes if i in index) if region.fused else ()
-            steps.append(Step(region, slots))
+            mutated = tuple(j for j, v in enumerate(region.inputs) if v in region.mutated)
+            steps.append(Step(region, slots, mutated, _by_input(region)))
         return Plan(tuple(steps), any(r.fused for r in part.steps))
 
     # -- running --------------------------------------------------------------------
@@ -348,7 +340,9 @@ class CompiledExecutor:
         for slot, (fi, dtype) in enumerate(step.scalars):
             v = floats[fi]
             hit = cache.get(slot)
-            if hit is None or hit[0] != v:
+            # -0.0 == 0.0, but not as a factor (Note [Floats in keys are compared by
+            # bits]); NaN != NaN, so a NaN is made afresh, payload and all.
+            if hit is None or hit[0] != v or (v == 0.0 and copysign(1.0, v) != copysign(1.0, hit[0])):
                 hit = cache[slot] = (v, torch.tensor(v, dtype=dtype))
             out.append(hit[1])
         return out
@@ -359,22 +353,50 @@ class CompiledExecutor:
         args = [env[v] for v in region.inputs]
         if step.scalars:
             args.extend(self._scalars(step, entry, floats))
-        if not entry.checked:
-            if not self._first_call(window, region, entry, env, args):
-                return
-        elif len(entry.compiled_ns) < _TIMED_CALLS and self.demote:
-            t0 = time.perf_counter_ns()
-            outs = entry.fn(*args)
-            entry.compiled_ns.append(time.perf_counter_ns() - t0)
-            self._bind(region, env, outs)
-            self._maybe_demote(entry)
+        if step.index_checks and not indices_in_range(args, step.index_checks):
+            # Note [Compiled code never sees an index eager would reject]: eager raises
+            # its own error (or computes, where a range is stricter than eager's).
+            self._run_eager(window, region, env)
             return
-        elif _profiling():
-            with torch.profiler.record_function("adaptive_eager.compiled_region"):
+        if not entry.checked:
+            self._first_call(window, region, entry, env, args)
+            return
+        written = [args[j] for j in step.mutated if not args[j].is_inference()]
+        versions = [t._version for t in written]
+        timed = len(entry.compiled_ns) < _TIMED_CALLS and self.demote
+        try:
+            if timed:
+                t0 = time.perf_counter_ns()
                 outs = entry.fn(*args)
-            self._bind(region, env, outs)
-        else:
-            self._bind(region, env, entry.fn(*args))
+                entry.compiled_ns.append(time.perf_counter_ns() - t0)
+            elif _profiling():
+                with torch.profiler.record_function("adaptive_eager.compiled_region"):
+                    outs = entry.fn(*args)
+            else:
+                outs = entry.fn(*args)
+        except Exception as e:  # noqa: BLE001 - a checked artifact that fails later
+            reason = f"compiled call failed: {type(e).__name__}: {e}"
+            if region.mutated:
+                # Its in-place updates may be partly done: replaying them would apply
+                # them twice, so the program sees the error (Note [The first compiled
+                # call runs on copies] covers the first call only).
+                self.compiler.fail(entry, reason, stays_correct=False)
+                raise
+            self.compiler.fail(entry, reason)
+            self._run_eager(window, region, env)
+            return
+        if written:
+            # Note [Version counters of written inputs]
+            # Each in-place op bumped its tensor's version when it was recorded (autograd's
+            # ADInplaceOrView runs before our mode), as eager does, and a write through
+            # ``p.data`` bumped none of p's. Functionalizing backends (aot_eager, Inductor)
+            # write mutated inputs back with a copy into the input itself, which bumps it
+            # again (a hand-written SGD step moved ``weight._version`` 1 -> 3 in 3 steps);
+            # the counts are put back to what eager shows.
+            _set_versions(tuple(written), tuple(versions))
+        self._bind(region, env, outs)
+        if timed:
+            self._maybe_demote(entry)
 
     def _bind(self, region: Region, env: dict, outs: Any) -> None:
         for vid, t in zip(region.outputs, outs):
@@ -382,31 +404,43 @@ class CompiledExecutor:
         self.counters.compiled_calls += 1
         self.counters.ops_fused += len(region.nodes)
 
+    # Note [The first compiled call runs on copies]
+    # An artifact's first call is checked: its outputs against the recorded specs, the
+    # inputs it must only read against what they held, and (``verify_compiled``) its
+    # outputs and in-place updates against an eager run. It runs on copies of every
+    # argument, so that no compiler bug reaches the program's data: a write into an input
+    # the region only reads is caught on the copy, and an in-place update (an SGD step,
+    # ``p.data.add_(g)``, Note [Writes through views made inside a region]) lands on the
+    # copy, to be compared with eager's, which is the one the program keeps. Only a
+    # region that writes no input, returns no view of one and passed every check binds
+    # the compiled results of this call; the others run eagerly this once. The copies
+    # cost each region's inputs once, in memory and time, at its first compiled call.
     def _first_call(self, window: Window, region: Region, entry: RegionEntry, env: dict,
                     args: list) -> bool:
-        """Check the artifact once: compiled on clones vs eager on the real inputs.
+        """Check the artifact once, on copies (Note [The first compiled call runs on copies]).
 
         True when the compiled results were bound; False when the region ran eagerly.
         """
         entry.checked = True
-        clones = [clone_strided(a) if i < len(region.inputs) and
-                  region.mutated else a for i, a in enumerate(args)]
+        copies = [clone_strided(a) if isinstance(a, torch.Tensor) else a for a in args]
         try:
-            outs = entry.fn(*clones)
+            outs = entry.fn(*copies)
         except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
             self.compiler.fail(entry, f"compiled call failed: {type(e).__name__}: {e}")
             self._run_eager(window, region, env)
             return False
-        if not self.options.verify_compiled:
-            problem = outputs_match(window, region, outs, None, None, None)
-            if problem is None and not region.mutated:
-                self._bind(region, env, outs)
-                return True
+        problem = outputs_match(window, region, outs, None, None, None) or \
+            inputs_intact(region, args, copies)
+        if problem is None and not self.options.verify_compiled and not region.mutated \
+                and not aliases_any(outs, copies):
+            self._bind(region, env, outs)
+            return True
         t0 = time.perf_counter_ns()
         self._run_eager(window, region, env)
         entry.eager_ns.append(time.perf_counter_ns() - t0)
-        ref = [env[v] for v in region.outputs]
-        problem = outputs_match(window, region, outs, ref, clones, env)
+        if problem is None and self.options.verify_compiled:
+            ref = [env[v] for v in region.outputs]
+            problem = outputs_match(window, region, outs, ref, copies, env)
         if problem is not None:
             self.compiler.fail(entry, f"compiled outputs differ: {problem}")
         return False
