@@ -25,6 +25,7 @@ LOGGER_NAME = "adaptive_eager"
 ENV_VAR = "ADAPTIVE_EAGER_LOG"
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "warn": logging.WARNING, "error": logging.ERROR}
+LEVEL_NAMES = tuple(_LEVELS)
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -70,4 +71,4 @@ def configure_from_env(environ: os._Environ | dict | None = None) -> None:
     _HANDLER.setLevel(level)
 
 
-__all__ = ["LOGGER_NAME", "ENV_VAR", "log", "warn_once", "configure_from_env"]
+__all__ = ["LOGGER_NAME", "ENV_VAR", "LEVEL_NAMES", "log", "warn_once", "configure_from_env"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-import os
 import sys
 import threading
 import time
@@ -51,8 +50,10 @@ COMPILE_SWITCH_INTERVAL_S = 1e-4
 
 
 def _fuel_from_env() -> int | None:
-    raw = os.environ.get(FUEL_ENV, "").strip()
-    return int(raw) if raw else None
+    """``ADAPTIVE_EAGER_FUEL`` (None: unset); a bad value raises ConfigError naming it."""
+    from ..config import switch  # noqa: PLC0415 - a leaf module
+
+    return switch(FUEL_ENV)
 
 
 class CompileService:
