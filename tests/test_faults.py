@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import adaptive_eager as ae
 from adaptive_eager import session
-from adaptive_eager.dispatch import DeferredError, LazyTensor
+from adaptive_eager.dispatch import LazyTensor
 
 @pytest.fixture(autouse=True)
 def _fresh_sessions():
