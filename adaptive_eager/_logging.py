@@ -34,6 +34,7 @@ LOGGER_NAME = "adaptive_eager"
 ENV_VAR = "ADAPTIVE_EAGER_LOG"
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "warn": logging.WARNING, "error": logging.ERROR}
+LEVEL_NAMES = tuple(_LEVELS)
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -121,5 +122,5 @@ def configure_from_env(environ: os._Environ | dict | None = None) -> None:
     _HANDLER.setLevel(level)
 
 
-__all__ = ["LOGGER_NAME", "ENV_VAR", "ARTIFACTS", "log", "warn_once", "configure_from_env",
+__all__ = ["LOGGER_NAME", "ENV_VAR", "ARTIFACTS", "LEVEL_NAMES", "log", "warn_once", "configure_from_env",
            "register_with_torch", "artifact_logger", "mentions_ours"]

@@ -21,6 +21,10 @@ ROUTINE_REASONS = frozenset({"exit", "window_full", "nested_enter", "explicit_sy
 # Flush (sync) reasons -> what to change. A reason may carry a prefix: "observe:" (a
 # Python-level read seen by ObserveMode) or a suffix after ":" ("opaque:<call>").
 ADVICE: dict[str, str] = {
+    "global_state": "a setting kernels read (default dtype, deterministic algorithms, threads, "
+                    "...) changed: pending work ran first; set it once before the loop",
+    "integer_division": "integer //, % or fmod by a tensor can raise on a zero, so it runs at "
+                        "once: divide floats, or keep it out of the hot loop",
     "item": ".item() in a loop: keep the value as a tensor (accumulate with +=) "
             "or read it every N steps",
     "bool": "Python branches on a tensor (if/while/and/or): use torch.where, or check every N steps",

@@ -33,13 +33,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from .._logging import artifact_logger
+from .._logging import artifact_logger, warn_once
 from ..config import Options
 from ..reasons import ROUTINE_REASONS, STRICT_FALLBACKS, StrictModeError
 from ..fusion.policy import fixed_shape_call, without_dropout
 from ..runtime import Counters, Executor
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, unwrap_all
+from ..runtime.recovery import finish
+from .interrupts import critical
 from .meta import MetaFailure, MetaMemo
 from .optable import Kind, OpTable, OpTraits, raise_if_out_of_range
 from .recorder import OutputMismatch, Recorder
@@ -410,8 +412,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
         # Meta execution failed: either the call is invalid (eager raises too, and must
         # raise here, at the user's line) or the op lacks a meta kernel. Running it for
         # real tells which; only the second is remembered.
-        if not failure.marks_op:  # valid, but its result cannot be a handle
-            return self._sync_then_run(func, args, kwargs, "uncapturable")
+        if not failure.marks_op:  # valid but not deferrable, or eager raises: run it now
+            return self._sync_then_run(func, args, kwargs,
+                                       getattr(failure, "sync_reason", "uncapturable"))
         self.flush("no_meta_kernel")
         out = self._run_real(func, args, kwargs)
         log.debug("no meta kernel for %s (%s); it syncs from now on", func, failure)
@@ -450,7 +453,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         # profiler range) must not reach ObserveMode, which, the window being sealed,
         # would see nothing pending and park the mode mid-flush (a flush from an
         # optimizer hook or a handle's read runs with torch functions enabled).
-        with self.lock, torch._C.DisableTorchFunction():
+        with self.lock, torch._C.DisableTorchFunction(), critical():
             rec = self.recorder
             if len(rec) == 0:
                 return
@@ -466,48 +469,78 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 raise StrictModeError.at("sync", reason, source)  # nothing run: like eager's line
             if vids:
                 sliced = rec.take_slice(vids, reason, source)
+            failed = rec.failed  # values of earlier slices that failed (Note [A failed flush ...])
             if sliced is not None:
                 window, live = sliced
             else:
                 window, live = rec.seal(reason, source)
-            self.counters.note_flush(reason, source)
-            self.counters.windows += 1
-            _FLUSH_LOG.debug("flush %s: %d ops at %s%s", reason, len(window), source,
-                             " (partial)" if sliced is not None else "")
+            error = None
             try:
+                self.counters.note_flush(reason, source)
+                self.counters.windows += 1
+                _FLUSH_LOG.debug("flush %s: %d ops at %s%s", reason, len(window), source,
+                                 " (partial)" if sliced is not None else "")
+                if failed:
+                    raise _EarlierFailure
                 if torch.autograd.profiler._is_profiler_enabled:
                     # The range's own ops only while profiling: they reach this mode.
                     with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
                         values = self.executor.run(window)
                 else:
                     values = self.executor.run(window)
-            except BaseException as e:
-                for h in live:
-                    h._ae_error = e
-                raise
+                errors: Any = _NO_ERRORS
+            except BaseException as e:  # noqa: BLE001 - Note [A failed flush loses no work]
+                values, errors, error = self._finish(window, live, e, failed)
             self.counters.ops_executed += len(window)
             if self.counters.sources_wanted:
                 self._want_sources()
             if sliced is None:
                 self._remember_bound(live)
             for h in live:
-                real = h._ae_real = values[h._ae_vid]
+                vid = h._ae_vid
+                real = values.get(vid)
+                if real is None:
+                    h._ae_error = errors.get(vid, error) or _lost(vid)
+                    continue
+                h._ae_real = real
                 spec = h._ae_spec
-                if real.stride() != spec.stride or real.shape != spec.shape:
-                    # Note [Meta disagrees with the kernel]: a few meta kernels promise other
-                    # strides (linalg.eig, fft.rfftn, svd_lowrank) or shapes (native_batch_norm's
-                    # saved stats in eval) than the CPU kernel returns; the handle shows the real.
-                    from .lazy import restride  # noqa: PLC0415 - rare path
-
-                    restride(h)
+                if real.stride() != spec.stride or real.shape != spec.shape or real.dtype != spec.dtype:
+                    _disagrees(h, real)
             if sliced is not None:
-                rec.adopt(values)
+                rec.adopt(values, errors)
+            if error is not None:
+                raise error
+
+    def _finish(self, window: Any, live: list, error: BaseException,
+                failed: dict) -> tuple[Any, Any, BaseException | None]:
+        """Running ``window`` raised ``error``: finish it eagerly (runtime.recovery).
+
+        Returns the values computed, the values that failed and the error to raise.
+        """
+        cause = None if isinstance(error, _EarlierFailure) else error
+        try:
+            done = finish(window, cause, failed)
+        except BaseException as again:  # interrupted again while finishing: nothing more runs
+            for h in live:
+                if h._ae_real is None and h._ae_error is None:
+                    h._ae_error = again
+            raise
+        if done.error is None and cause is not None:
+            warn_once(f"flush-failed:{type(cause).__name__}",
+                      "adaptive_eager: running a window failed (%s: %s); it ran eagerly instead",
+                      type(cause).__name__, cause)
+        return done.values, done.errors, done.error
 
     def materialize(self, handle: LazyTensor, reason: str) -> torch.Tensor:
         """Owner protocol: flush so that ``handle`` is bound, and return its tensor."""
         self.flush(reason, user_source(3), targets=(handle,))
         real = handle._ae_real
         if real is None:
+            if handle._ae_error is None:
+                # Not bound by the flush and no error: its window is gone (a bug, or a
+                # handle of another mode's window). Say so rather than ask again forever.
+                handle._ae_error = RuntimeError(
+                    "adaptive_eager: this tensor's window was flushed without it (internal error)")
             return handle._ae_materialize(reason)  # raises with the recorded error
         return real
 
@@ -548,6 +581,37 @@ def _to_meta(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _to_meta(v) for k, v in obj.items()}
     return obj
+
+
+_NO_ERRORS: dict = {}
+
+
+class _EarlierFailure(Exception):
+    """The window reads values of an earlier window that could not be computed."""
+
+
+def _lost(vid: int) -> BaseException:
+    return RuntimeError(f"adaptive_eager internal error: value %{vid} of a flushed window was "
+                        "neither computed nor failed")
+
+
+def _disagrees(h: LazyTensor, real: torch.Tensor) -> None:
+    # Note [Meta disagrees with the kernel]: a few meta kernels promise other strides
+    # (linalg.eig, fft.rfftn, svd_lowrank) or shapes (native_batch_norm's saved stats in
+    # eval) than the CPU kernel returns; the handle shows the real tensor's. A dtype
+    # cannot be changed in place, and the program may have read the promised one: the
+    # handle fails with an error that says so, rather than hold another dtype's values.
+    if real.dtype != h._ae_spec.dtype:
+        h._ae_real = None
+        h._ae_error = RuntimeError(
+            f"adaptive_eager: the kernel returned {real.dtype} where capture promised "
+            f"{h._ae_spec.dtype} (a global setting changed through a path the runtime does "
+            "not see? Note [Global state that kernels read])")
+        log.warning("adaptive_eager: %s", h._ae_error)
+        return
+    from .lazy import restride  # noqa: PLC0415 - rare path
+
+    restride(h)
 
 
 def _tensors(args: tuple, kwargs: dict) -> list:

@@ -59,7 +59,7 @@ from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEnt
 from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact, outputs_match
 from .compiler import CompileService
 from .counters import Counters
-from .executor import replay_guard, run_node
+from .executor import replay_guard, run_nodes
 from .passthrough import DeferPolicy, pays_for_capture
 
 _MISS_LOG = artifact_logger("ae_recompiles")
@@ -162,7 +162,7 @@ class CompiledExecutor:
                 for step in plan.steps:
                     if step.region.fused:
                         self.cache.entry(step.region.key).seen += 1
-        env: dict[int, torch.Tensor] = dict(window.inputs)
+        env = window.progress.start(window.inputs)
         worth = False
         compiled_before = self.counters.compiled_calls
         t0 = time.perf_counter_ns()
@@ -225,11 +225,10 @@ class CompiledExecutor:
 
     def _replay_timed(self, window: Window) -> tuple[dict[int, torch.Tensor], int | None, int]:
         """Run every node eagerly: (outputs, capture time or None, eager time), in ns."""
-        env: dict[int, torch.Tensor] = dict(window.inputs)
+        env = window.progress.start(window.inputs)
         t0 = time.perf_counter_ns()
         with replay_guard():
-            for node in window.nodes:
-                run_node(node, env)
+            run_nodes(window, range(len(window.nodes)), env)
         eager_ns = time.perf_counter_ns() - t0
         self.counters.ops_eager += len(window.nodes)
         capture_ns = t0 - window.opened_ns if window.opened_ns else None
@@ -292,11 +291,9 @@ class CompiledExecutor:
     def _run_eager(self, window: Window, region: Region, env: dict) -> None:
         if _profiling():
             with torch.profiler.record_function("adaptive_eager.eager_replay"):
-                for i in region.nodes:
-                    run_node(window.nodes[i], env)
+                run_nodes(window, region.nodes, env)
         else:
-            for i in region.nodes:
-                run_node(window.nodes[i], env)
+            run_nodes(window, region.nodes, env)
         self.counters.ops_eager += len(region.nodes)
         if not region.fused and region.reason not in _COST_REASONS:
             for i in region.nodes:
@@ -310,6 +307,7 @@ class CompiledExecutor:
         if entry.state == COMPILED and entry.fn is not None:
             self.counters.cache_hits += 1
             self._call_compiled(window, step, entry, env, floats)
+            window.progress.done.extend(region.nodes)
             return True
         if entry.state == EAGER_ONLY:
             self._run_eager(window, region, env)
@@ -323,6 +321,7 @@ class CompiledExecutor:
                 self.compiler.submit(entry, lambda: self._lower(window, region))
                 if entry.state == COMPILED:
                     self._call_compiled(window, step, entry, env, floats)
+                    window.progress.done.extend(region.nodes)
                     return True
         t0 = time.perf_counter_ns()
         self._run_eager(window, region, env)

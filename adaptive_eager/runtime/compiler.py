@@ -104,8 +104,10 @@ class _DaemonThread:
 
 
 def _fuel_from_env() -> int | None:
-    raw = os.environ.get(FUEL_ENV, "").strip()
-    return int(raw) if raw else None
+    """``ADAPTIVE_EAGER_FUEL`` (None: unset); a bad value raises ConfigError naming it."""
+    from ..config import switch  # noqa: PLC0415 - a leaf module
+
+    return switch(FUEL_ENV)
 
 
 def _short(key: Any) -> str:

@@ -2,7 +2,9 @@
 
 The contract (``Executor.run``) takes a :class:`~adaptive_eager.fusion.ir.Window` and
 returns ``{value id: real tensor}`` for every id in ``window.outputs``, having
-applied every in-place update of the window's real inputs. :class:`EagerExecutor`
+applied every in-place update of the window's real inputs. While it runs, it keeps
+``window.progress`` (its env from ``progress.start``, the nodes done), so that a run
+that fails part-way can be finished by ``runtime.recovery``. :class:`EagerExecutor`
 replays the window op by op; the compiled executor (``runtime.compiled``) runs
 hot regions through a compile backend and delegates the rest to it.
 
@@ -20,7 +22,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Mapping, Protocol
+from typing import Iterable, Iterator, Mapping, Protocol
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -71,6 +73,18 @@ def run_node(node: OpNode, env: dict[int, torch.Tensor]) -> None:
             env[vid] = t
 
 
+def run_nodes(window: Window, indices: Iterable[int], env: dict[int, torch.Tensor]) -> None:
+    """Run ``window.nodes[i]`` for each ``i`` in order, recording ``window.progress``."""
+    nodes = window.nodes
+    progress = window.progress
+    done = progress.done
+    for i in indices:
+        progress.at = i
+        run_node(nodes[i], env)
+        done.append(i)
+    progress.at = -1
+
+
 class Executor(Protocol):
     """Runs a window; see the module docstring for the contract."""
 
@@ -87,11 +101,10 @@ class EagerExecutor:
     """
 
     def run(self, window: Window) -> Mapping[int, torch.Tensor]:
-        env: dict[int, torch.Tensor] = dict(window.inputs)
+        env = window.progress.start(window.inputs)
         with replay_guard():
-            for node in window.nodes:
-                run_node(node, env)
+            run_nodes(window, range(len(window.nodes)), env)
         return {vid: env[vid] for vid in window.outputs}
 
 
-__all__ = ["Executor", "EagerExecutor", "replay_guard", "run_node"]
+__all__ = ["Executor", "EagerExecutor", "replay_guard", "run_node", "run_nodes"]
