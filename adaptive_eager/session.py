@@ -42,7 +42,7 @@ from .dispatch.opaque import install as install_opaque_calls
 from .dispatch.optim import restore as restore_foreach
 from .dispatch.optim import use_foreach
 from .dispatch.source import user_source
-from .runtime import Counters, Executor, make_executor
+from .runtime import Counters, DeferPolicy, Executor, make_executor
 from .statistics import SiteCounters, Stats, snapshot
 
 # Note [Process-wide registries]
@@ -80,16 +80,21 @@ _MODES_LOCK = threading.Lock()
 
 @dataclass
 class Session:
+    """What outlives one block: options, executor (compiled regions), the pass-through
+    policy (runtime.adapt, owned here and handed to each mode), op table, metadata memo."""
+
     options: Options
     executor: Executor
     counters: Counters
+    policy: DeferPolicy
     table: OpTable = field(default_factory=OpTable)
     memo: MetaMemo | None = None
 
     def new_mode(self) -> AdaptiveEagerMode:
         if self.memo is None:
             self.memo = MetaMemo(self.options.meta_cache_size, self.counters)
-        mode = AdaptiveEagerMode(self.options, self.executor, self.counters, self.table, self.memo)
+        mode = AdaptiveEagerMode(self.options, self.executor, self.counters, self.policy,
+                                 self.table, self.memo)
         mode.on_park = _parked_changed
         with _MODES_LOCK:
             _MODES.add(mode)
@@ -140,7 +145,8 @@ def get_session(options: Options) -> Session:
             _install_safe_point()
             install_opaque_calls()  # Note [Opaque calls]
             install_state_setters(_global_state_changed)  # Note [Global state that kernels read]
-            s = Session(options, make_executor(options, _COUNTERS), _COUNTERS)
+            s = Session(options, make_executor(options, _COUNTERS), _COUNTERS,
+                        DeferPolicy.for_options(options, _COUNTERS))
             if options.report:
                 from .process import report_at_exit  # noqa: PLC0415 - process imports this module
 
@@ -186,13 +192,13 @@ def _park_or_resume(mode: AdaptiveEagerMode, weight: int) -> bool:
     the policy wants to capture again (Note [Deep parking], dispatch/observe.py). False
     when the runtime is capturing (neither parked nor deep-parked)."""
     observe = _innermost_observe(_TLS.stack)
-    if observe is None or observe.mode is not mode or mode._should_defer is None:
+    if observe is None or observe.mode is not mode:
         return True
     if observe.deep:
         if mode._should_defer(weight):
             observe.resume()
     elif mode._parked:
-        if not (mode._policy is not None and mode._policy.warming):
+        if not (mode.policy.warming):
             observe.deep_park()
     else:
         return False
@@ -241,7 +247,7 @@ def _safe_point(opt: Any, *_: Any) -> None:
     if not st:
         return
     mode = st[-1][0]
-    if mode._policy is not None and mode._policy.warming:
+    if mode.policy.warming:
         mode.end_warmup("optimizer step", None)  # Note [The first iteration runs eagerly]
         return
     if not _park_or_resume(mode, _SAFE_POINT_WEIGHT) and len(mode.recorder):

@@ -14,7 +14,7 @@ import torch
 
 import adaptive_eager as ae
 from adaptive_eager.dispatch import LazyTensor
-from adaptive_eager.runtime.passthrough import DeferPolicy
+from adaptive_eager.runtime.adapt import DeferPolicy
 
 WARM = dict(backend="eager", warmup=True)
 

@@ -37,7 +37,7 @@ from .._logging import artifact_logger, warn_once
 from ..config import Options
 from ..reasons import ROUTINE_REASONS, STRICT_FALLBACKS, StrictModeError
 from ..fusion.policy import fixed_shape_call, without_dropout
-from ..runtime import Counters, Executor
+from ..runtime import Counters, DeferPolicy, Executor
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, unwrap_all
 from ..runtime.recovery import finish
@@ -96,16 +96,19 @@ class AdaptiveEagerMode(TorchDispatchMode):
     """
 
     def __init__(self, options: Options, executor: Executor, counters: Counters,
-                 table: OpTable | None = None, memo: MetaMemo | None = None):
+                 policy: DeferPolicy | None = None, table: OpTable | None = None,
+                 memo: MetaMemo | None = None):
         super().__init__()
         self.options = options
         self.executor = executor
         self.counters = counters
+        # The session's pass-through policy (runtime.adapt): fed each window's verdict,
+        # asked before each new window. None: always defer.
+        self.policy = policy if policy is not None else DeferPolicy(enabled=False)
         self.device_type = options.device
         self.table = table if table is not None else OpTable()
         self._traits = self.table._traits  # read-only fast path; OpTable fills it
-        self._should_defer = getattr(executor, "should_defer", None)
-        self._policy = getattr(executor, "defer", None)  # DeferPolicy: its warm-up
+        self._should_defer = self.policy.should_defer  # hot: asked on every torch call
         self._parked = False
         # Set by ObserveMode while a Python-level scalar read runs (Note [A branch on a
         # tensor is a bool read], observe.py): what the sync of its scalar is called.
@@ -146,7 +149,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 return NotImplemented
         if getattr(_LAZY_TLS, "suspended", 0):
             return self._run_real(func, args, kwargs)
-        if not self.recorder.nodes and self._should_defer is not None and not self._should_defer():
+        if not self.recorder.nodes and not self._should_defer():
             # The policy found nothing worth deferring lately: run straight through
             # (probing again now and then; runtime.passthrough). Nothing is pending, so
             # every handle is bound and unwraps itself.
@@ -186,7 +189,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
             self._parked = True
             if _PARK_LOG.isEnabledFor(logging.DEBUG):
                 _PARK_LOG.debug("parked (ops pass straight through): %s",
-                                getattr(self._policy, "reason", "") or "pass-through policy")
+                                self.policy.reason or "pass-through policy")
             self.release_handles()
             if self.on_park is not None:
                 self.on_park(True)
@@ -232,8 +235,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
 
     def end_warmup(self, why: str, source: str | None) -> None:
         """The program's first iteration ended (Note [The first iteration runs eagerly])."""
-        policy = self._policy
-        if policy is not None and policy.end_warmup():
+        if self.policy.end_warmup():
             if source is None:
                 source = user_source(2)  # e.g. the program's opt.step() line
             self.counters.warmup_ended = f"{why} at {source}"
@@ -485,9 +487,11 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 if torch.autograd.profiler._is_profiler_enabled:
                     # The range's own ops only while profiling: they reach this mode.
                     with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
-                        values = self.executor.run(window)
+                        result = self.executor.run(window)
                 else:
-                    values = self.executor.run(window)
+                    result = self.executor.run(window)
+                values = result.values
+                self.policy.note(result.verdict)  # the session's policy decides (runtime.adapt)
                 errors: Any = _NO_ERRORS
             except BaseException as e:  # noqa: BLE001 - Note [A failed flush loses no work]
                 values, errors, error = self._finish(window, live, e, failed)

@@ -112,7 +112,7 @@ class ObserveMode(TorchFunctionMode):
             # Fast path: parked means nothing is pending in this thread, so no read
             # needs a flush, and ops pass straight through unless the policy probes.
             if not mode._should_defer():
-                policy = mode._policy
+                policy = mode.policy
                 if policy is not None and policy.warming and func in _READS \
                         and called_by_user(1):
                     # Note [The first iteration runs eagerly]: the program's read ends it

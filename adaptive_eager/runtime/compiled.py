@@ -28,9 +28,9 @@ Example::
     ...            {0: s, 1: s, 2: s}, frozenset({2}))
     >>> ex = CompiledExecutor(config.resolve(backend="eager", compile_after=1,
     ...                                      async_compile=False), Counters())
-    >>> float(ex.run(w)[2][0]), ex.counters.regions_compiled  # first call: checked vs eager
+    >>> float(ex.run(w).values[2][0]), ex.counters.regions_compiled  # first call: checked vs eager
     (3.0, 1)
-    >>> float(ex.run(w)[2][0]), ex.counters.compiled_calls, ex.counters.ops_fused
+    >>> float(ex.run(w).values[2][0]), ex.counters.compiled_calls, ex.counters.ops_fused
     (3.0, 1, 2)
 """
 
@@ -47,6 +47,7 @@ import torch
 from torch.autograd.profiler import _is_profiler_enabled  # noqa: F401 - cheap check, below
 
 from .._logging import artifact_logger
+from .adapt import NOVEL, UNPAYING, WindowHistory, WindowLog, judge, route
 from ..fusion.fxgraph import lower
 from ..fusion.graph import storage_groups
 from ..fusion.ir import Window
@@ -59,8 +60,7 @@ from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEnt
 from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact, outputs_match
 from .compiler import CompileService
 from .counters import Counters
-from .executor import replay_guard, run_nodes
-from .passthrough import DeferPolicy, pays_for_capture
+from .executor import FlushResult, Verdict, replay_guard, run_nodes
 
 _MISS_LOG = artifact_logger("ae_recompiles")
 _TIMED_CALLS = 3  # compiled calls timed against eager before keeping a region
@@ -128,40 +128,41 @@ class CompiledExecutor:
         self.support = support or backend_support(options.backend)
         self.cost = cost or DefaultCost(min_work=options.min_region_work)
         self.cache = RegionCache(options.cache_size, counters)
-        self.plans: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
-        self.defer = DeferPolicy(options.adaptive_passthrough, warmup=options.warmup,
-                                 in_flight=lambda: counters.compiles_in_flight)
-        self.should_defer = self.defer.should_defer  # hot: asked on every torch call
-        self._eager_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
-        self._novel: cachetools.LRUCache = cachetools.LRUCache(max(256, 4 * options.cache_size))
-        self._capture_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
-        self._novel_ops: cachetools.LRUCache = cachetools.LRUCache(256)
+        # Note [One history per window key] (runtime/adapt.py): plan, first sighting and
+        # measured times of a window key live in one entry, evicted together.
+        self.windows = WindowLog(max(256, 4 * options.cache_size))
         self._outlines: cachetools.LRUCache = cachetools.LRUCache(256)  # site -> outline (ae_recompiles)
 
     # -- the Executor contract ------------------------------------------------------
-    def run(self, window: Window) -> Mapping[int, torch.Tensor]:
+    def run(self, window: Window) -> FlushResult:
         groups = storage_groups(window)
         key, floats = window_key(window, groups)
-        eager_ns = self._eager_ns.get(key)
-        if eager_ns is not None and self.demote and self.defer.enabled and \
-                not self._pays(key, eager_ns, len(window.nodes)):
-            return self._run_unpaying(window, key, eager_ns)
-        plan = self.plans.get(key)
-        first = plan is None
-        if first:
-            if key not in self._novel and _MISS_LOG.isEnabledFor(logging.DEBUG):
+        history = self.windows.get(key)
+        n_ops = len(window.nodes)
+        how = route(history, n_ops, self.options, self.demote)
+        if how == UNPAYING:
+            return self._run_unpaying(window, history)
+        if how == NOVEL:
+            if _MISS_LOG.isEnabledFor(logging.DEBUG):
                 self._log_miss(window)  # a new window, not the second sighting of one
-            if self.options.compile_after > 1 and key not in self._novel:
-                return self._run_novel(window, key)
-            plan = self.plans[key] = self._plan(window, groups)
-            if self._novel.pop(key, None) is not None:
+            return self._run_novel(window, self.windows.entry(key))
+        if history is None:
+            history = self.windows.entry(key)
+        first = history.plan is None
+        if first:
+            if not history.novel and _MISS_LOG.isEnabledFor(logging.DEBUG):
+                self._log_miss(window)
+            history.plan = self._plan(window, groups)
+            if history.novel:
                 # Credit the regions with the first sighting, which ran without a plan.
-                for step in plan.steps:
+                history.novel = False
+                for step in history.plan.steps:
                     if step.region.fused:
                         self.cache.entry(step.region.key).seen += 1
+        plan = history.plan
         env = window.progress.start(window.inputs)
         worth = False
         compiled_before = self.counters.compiled_calls
@@ -174,27 +175,17 @@ class CompiledExecutor:
                 else:
                     self._run_eager(window, region, env)
         t1 = time.perf_counter_ns()
-        if first and key not in self._eager_ns:  # unplanned, all eager: its time is eager's
-            self._eager_ns[key] = t1 - t0
-        eager_ns = self._eager_ns.get(key)
-        worth = worth and (eager_ns is None or pays_for_capture(eager_ns, len(window.nodes)))
-        ran_compiled = self.counters.compiled_calls > compiled_before
-        if worth and not ran_compiled and self.options.async_compile and any(
-                s.region.fused and self.cache.entry(s.region.key).state == COMPILING
-                for s in plan.steps):
-            # Note [Waiting for compiles runs eagerly]
-            # Its regions are compiling (in the worker process): capturing now would only
-            # add per-op cost until they are ready, so ops pass straight through until
-            # no compile is in flight, then the window is captured and judged again.
-            self.defer.note_window(len(window.nodes), True, pending=True)
-            return {vid: env[vid] for vid in window.outputs}
-        if worth and ran_compiled and eager_ns is not None and window.opened_ns:
-            # Measured, not estimated: once its regions run compiled, capturing this
-            # window (from its first op to the flush) plus running it must beat eager
-            # (Note [Capture must cost less than the work]).
-            worth = (t1 - window.opened_ns) < eager_ns
-        self.defer.note_window(len(window.nodes), worth)
-        return {vid: env[vid] for vid in window.outputs}
+        if first and history.eager_ns is None:  # unplanned, all eager: its time is eager's
+            history.eager_ns = t1 - t0
+        compiling = any(s.region.fused and self.cache.entry(s.region.key).state == COMPILING
+                        for s in plan.steps)
+        verdict = judge(history, n_ops, worth, self.counters.compiled_calls > compiled_before,
+                        compiling, t1, window.opened_ns, self.options.async_compile)
+        return FlushResult({vid: env[vid] for vid in window.outputs}, verdict)
+
+    def close(self) -> None:
+        """Stop the compile service's thread (queued compiles are dropped)."""
+        self.compiler.shutdown()
 
     def _log_miss(self, window: Window) -> None:
         """Note [Why a window missed the plan cache] (fusion/signature.py)."""
@@ -205,23 +196,15 @@ class CompiledExecutor:
         _MISS_LOG.debug("window plan miss (%d ops, flushed by %s at %s): %s", len(window.nodes),
                         window.reason, window.source, cause)
 
-    def _run_novel(self, window: Window, key: Any) -> Mapping[int, torch.Tensor]:
-        # Note [First sightings are not planned]
-        # Nothing compiles on a window's first sighting (compile_after > 1), and programs
-        # whose windows never recur (a new sequence length every step) would pay for
-        # partitioning and lowering each one. So a first sighting is replayed eagerly,
-        # timed (the eager cost the pass-through policy weighs against capture), and
-        # only remembered; the plan is made when the window comes back.
+    def _run_novel(self, window: Window, history: WindowHistory) -> FlushResult:
+        """A first sighting: replayed eagerly and timed (Note [First sightings are not
+        planned], runtime/adapt.py)."""
         values, capture_ns, eager_ns = self._replay_timed(window)
-        if capture_ns is not None:
-            self._capture_ns[key] = capture_ns
-        self._novel[key] = True
-        self._eager_ns[key] = eager_ns
+        history.novel = True
+        history.eager_ns, history.capture_ns = eager_ns, capture_ns
         ops = tuple(node.target for node in window.nodes)  # the window without its shapes
-        reshaped = ops in self._novel_ops
-        self._novel_ops[ops] = True
-        self.defer.note_window(len(window.nodes), False, novel=True, reshaped=reshaped)
-        return values
+        reshaped = self.windows.reshaped(ops)
+        return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped))
 
     def _replay_timed(self, window: Window) -> tuple[dict[int, torch.Tensor], int | None, int]:
         """Run every node eagerly: (outputs, capture time or None, eager time), in ns."""
@@ -234,42 +217,13 @@ class CompiledExecutor:
         capture_ns = t0 - window.opened_ns if window.opened_ns else None
         return {vid: env[vid] for vid in window.outputs}, capture_ns, eager_ns
 
-    def _pays(self, key: Any, eager_ns: int, n_ops: int) -> bool:
-        """Whether the window's eager run outweighs capturing it (Note [Windows that cannot
-        pay for their capture are not compiled]). Both are measured on the window's first
-        sighting, in the same conditions, and lowered to the minimum over later
-        sightings that run eagerly: a busy machine inflates both alike, where a fixed
-        per-op capture cost would make every window look worth compiling."""
-        cap = self._capture_ns.get(key)
-        if cap is None:
-            return pays_for_capture(eager_ns, n_ops)
-        return eager_ns >= cap
-
-    def _run_unpaying(self, window: Window, key: Any, eager_ns: int) -> Mapping[int, torch.Tensor]:
-        # Note [Windows that cannot pay for their capture are not compiled]
-        # A window whose eager run takes less than capturing its ops took (measured
-        # from its first op to its flush on its first sighting; ``_pays``) loses to
-        # eager however well it fuses, so it is neither planned nor compiled: it is
-        # replayed, timed again (the kept time is the
-        # minimum, as a busy machine only ever inflates it), and counts against
-        # deferral. AdamW's 256-op windows (2-3 ms eager, ~4 ms to capture) are the
-        # case: compiling them cost a 2-core machine tens of seconds of contended CPU
-        # for a result that could not beat eager.
+    def _run_unpaying(self, window: Window, history: WindowHistory) -> FlushResult:
+        """A window whose capture cannot pay (Note [Windows that cannot pay for their
+        capture are not compiled], runtime/adapt.py): replayed and timed again (the first
+        sighting's capture ran metadata kernels cold), never planned."""
         values, capture_ns, ran_ns = self._replay_timed(window)
-        cap = self._capture_ns.get(key)
-        if capture_ns is not None and cap is not None:
-            # The first sighting's capture ran metadata kernels cold (memo misses).
-            self._capture_ns[key] = min(cap, capture_ns)
-        self._eager_ns[key] = min(eager_ns, ran_ns)
-        self.defer.note_window(len(window.nodes), False)
-        return values
-
-    def should_defer(self, weight: int = 1) -> bool:
-        """O(1): whether the mode should keep deferring ops (``passthrough.DeferPolicy``).
-
-        (Each instance binds this name to its policy's method directly: it is asked on
-        every torch call.)"""
-        return self.defer.should_defer(weight)
+        history.timed(ran_ns, capture_ns if history.capture_ns is not None else None)
+        return FlushResult(values, Verdict(len(window.nodes)))
 
     # -- planning -------------------------------------------------------------------
     def _plan(self, window: Window, groups: Mapping[int, int]) -> Plan:
