@@ -45,17 +45,19 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "config": ("config", None),
     "ConfigError": ("config", "ConfigError"),
     "LazyTensor": ("dispatch", "LazyTensor"),
+    "StrictModeError": ("reasons", "StrictModeError"),
 }
 
 __all__ = [
     "adaptive_eager", "enable", "disable", "is_enabled", "sync", "stats", "reset_stats",
-    "report", "Stats", "config", "ConfigError", "LazyTensor", "__version__",
+    "report", "Stats", "config", "ConfigError", "LazyTensor", "StrictModeError", "__version__",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import config
     from .config import ConfigError
     from .dispatch import LazyTensor
+    from .reasons import StrictModeError
     from .session import adaptive_eager, disable, enable, is_enabled, report, reset_stats, stats, sync
     from .statistics import Stats
 

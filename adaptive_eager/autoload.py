@@ -49,6 +49,14 @@ def _log() -> Any:
 def autoload() -> None:
     """The ``torch.backends`` entry point. Cheap when unset; never raises."""
     try:
+        torch_logs = os.environ.get("TORCH_LOGS", "")
+        if torch_logs:
+            # Our artifact names must be known before torch parses TORCH_LOGS, which it
+            # does just after calling this entry point (torch/__init__.py, _init_logs).
+            from ._logging import mentions_ours, register_with_torch
+
+            if mentions_ours(torch_logs):
+                register_with_torch()
         when_imported("torch_neuronx", _attach_to_torch_neuronx)
         on = os.environ.get(ENV_VAR, "").strip().lower()
         sim = os.environ.get(NEURON_SIM_ENV_VAR, "").strip().lower()
@@ -138,7 +146,11 @@ _BASE_ATTR = "_adaptive_eager_base_class"
 
 
 def when_imported(name: str, callback: Callable[[Any], None]) -> None:
-    """Call ``callback(module)`` once module ``name`` has finished importing."""
+    """Call ``callback(module)`` once module ``name`` has finished importing.
+
+    Hand-written rather than wrapt's post-import hooks: this runs inside every ``import
+    torch`` and must import nothing (wrapt would be a dependency loaded there), and it
+    must fire when torch *finishes* importing, from within torch's own import."""
     module = sys.modules.get(name)
     if module is not None:
         spec = getattr(module, "__spec__", None)

@@ -6,7 +6,7 @@ Commands::
     adaptive-eager run SCRIPT [ARGS...]        run a script under the runtime, then print the report
     adaptive-eager run -m MODULE [ARGS...]     the same for a module
     adaptive-eager explain SCRIPT [ARGS...]    run it, then list sync sites and fallbacks with fixes
-    adaptive-eager bench [BENCH ARGS...]       the benchmark suite (python -m benchmarks)
+    adaptive-eager bench [BENCH ARGS...]       the benchmark suite (adaptive_eager.benchmarks)
     adaptive-eager options                     the options table (names, env vars, defaults)
 
 ``run`` and ``explain`` accept runtime options before the script:
@@ -47,11 +47,23 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
                    help="any runtime option, e.g. -o window_size=128 (repeatable)")
 
 
+def _version() -> str:
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("adaptive-eager")
+    except Exception:  # noqa: BLE001 - not installed: the source tree's
+        from . import __version__  # noqa: PLC0415
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="adaptive-eager",
         description="Adaptive eager execution for PyTorch: defer ops into micro-graphs, "
                     "compile the hot ones, flush wherever Python can observe a value.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -77,8 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("-m", dest="module", action="store_true",
                         help="TARGET is a module name (like python -m)")
         sp.add_argument("--report", default="stderr",
-                        help="where the report goes: stderr (default), stdout or a file path"
-                        if name == "run" else argparse.SUPPRESS)
+                        help="where the report goes: stderr (default), stdout or a file path "
+                             "(JSON when it ends in .json)" if name == "run" else argparse.SUPPRESS)
+        sp.add_argument("--json", action="store_true",
+                        help="the report as JSON (adaptive_eager.stats().to_json())" if name == "run"
+                        else "sync sites and fallbacks as JSON, on stdout")
         sp.add_argument("target", metavar="SCRIPT", help="script path (or module name with -m)")
         sp.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -130,22 +145,27 @@ def _run_target(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import session
-    from .reporting import format_report, write_report
+    from .reporting import emit_report
 
     session.reset_stats()
     status = _run_target(args)
-    write_report(format_report(session.stats(), title=f"adaptive_eager report: {args.target}"),
-                 args.report)
+    emit_report(session.stats(), args.report, title=f"adaptive_eager report: {args.target}",
+                as_json=args.json)
     return status
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from . import session
-    from .reporting import explain_lines
+    from .reporting import explain_data, explain_lines
 
     session.reset_stats()
     status = _run_target(args)
     s = session.stats()
+    if args.json:
+        import json  # noqa: PLC0415
+
+        print(json.dumps({"target": args.target, **explain_data(s)}, indent=2))
+        return status
     print(f"\nadaptive-eager explain: {args.target}  ({s.ops_captured:,} ops captured, "
           f"{s.total_flushes:,} flushes)", file=sys.stderr)
     for line in explain_lines(s):
@@ -172,17 +192,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    try:
-        from benchmarks.run import main as bench_main
-    except ImportError:
-        # The suite lives next to the package in a source checkout (editable install).
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        if not os.path.isdir(os.path.join(root, "benchmarks")):
-            print("adaptive-eager bench: the benchmarks/ folder is not found; run it from a "
-                  "source checkout", file=sys.stderr)
-            return 2
-        sys.path.insert(0, root)
-        from benchmarks.run import main as bench_main
+    from .benchmarks.run import main as bench_main  # shipped with the package
+
     return int(bench_main(list(args.args)) or 0)
 
 

@@ -91,29 +91,63 @@ def _float_parser(minimum: float) -> Callable[[str, Any, str], float]:
     return parse
 
 
+# Device types torch's parser knows (torch.device's error lists them); those this torch
+# build accepts are offered in the error message.
+_TORCH_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "hpu", "xla", "meta", "mtia", "maia", "ipu",
+                       "lazy", "vulkan", "hip", "ve", "fpga", "opengl", "opencl", "ideep")
+# Accepted before anything registers them: torch_neuronx (or adaptive_eager.neuron_sim)
+# renames PrivateUse1 to "neuron" when it is imported, which may be after options are read.
+_FUTURE_DEVICE_TYPES = ("neuron",)
+
+
+def accepted_device_types() -> tuple[str, ...]:
+    """Device types the ``device`` option accepts: torch's, PrivateUse1's name, "neuron"."""
+    import torch  # local: keeps `import adaptive_eager.config` light
+
+    out = []
+    for t in _TORCH_DEVICE_TYPES:
+        try:
+            out.append(torch.device(t).type)
+        except RuntimeError:
+            pass
+    pu1 = torch._C._get_privateuse1_backend_name()
+    for t in (pu1, *_FUTURE_DEVICE_TYPES):
+        if t not in out:
+            out.append(t)
+    return tuple(out)
+
+
 def _parse_device(name: str, value: Any, origin: str) -> str:
     import torch  # local: keeps `import adaptive_eager.config` light
 
     if isinstance(value, torch.device):
         return value.type
-    if isinstance(value, str) and value.strip():
-        text = value.strip()
+    text = value.strip() if isinstance(value, str) else ""
+    if text:
         try:
-            dev = torch.device(text)
+            return torch.device(text).type
         except RuntimeError:
-            # A device type that torch does not know (yet): e.g. "neuron" before the
-            # backend is registered. Accept a bare identifier; the mode checks it later.
-            if text.isidentifier():
-                return text
-            raise ConfigError(
-                f"adaptive_eager option {name!r}{origin}: expected a device type such as "
-                f"'cpu', 'cuda' or 'neuron', got {value!r}"
-            ) from None
-        return dev.type
+            kind = text.split(":", 1)[0]
+            if kind in _FUTURE_DEVICE_TYPES:
+                return kind
     raise ConfigError(
-        f"adaptive_eager option {name!r}{origin}: expected a device type such as 'cpu', 'cuda' "
-        f"or 'neuron', got {value!r}"
+        f"adaptive_eager option {name!r}{origin}: expected a device type, one of "
+        f"{', '.join(accepted_device_types())}, got {value!r}"
     )
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``choices`` (difflib), or ``""``.
+
+    Example::
+
+        >>> did_you_mean("window_sise", OPTION_NAMES)
+        " (did you mean 'window_size'?)"
+    """
+    import difflib  # noqa: PLC0415 - only on the error path
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _parse_backend(name: str, value: Any, origin: str) -> Any:
@@ -121,9 +155,10 @@ def _parse_backend(name: str, value: Any, origin: str) -> Any:
         return value
     if isinstance(value, str) and value.strip() in BUILTIN_BACKENDS:
         return value.strip()
+    hint = did_you_mean(value.strip(), BUILTIN_BACKENDS) if isinstance(value, str) else ""
     raise ConfigError(
         f"adaptive_eager option {name!r}{origin}: expected one of {', '.join(BUILTIN_BACKENDS)} "
-        f"or a callable (GraphModule, example_inputs) -> callable, got {value!r}"
+        f"or a callable (GraphModule, example_inputs) -> callable, got {value!r}{hint}"
     )
 
 
@@ -175,7 +210,14 @@ _SPECS: dict[str, _Spec] = {
     "launch_latency_us": _Spec(
         0.0, _float_parser(0.0), "simulated per-kernel launch latency on the emulated neuron device"
     ),
-    "report": _Spec("", _parse_str, "print the report at exit: '' (off), 1/stderr, or a file path"),
+    "report": _Spec("", _parse_str, "print the report at exit: '' (off), 1/stderr, or a file "
+                    "path (JSON when it ends in .json)"),
+    "strict": _Spec(
+        False, _parse_bool,
+        "raise at the program's line on a sync or a fallback, naming it and what to change "
+        "(like torch.compile's fullgraph=True); routine flushes (block exit, full window, "
+        "optimizer step) never raise",
+    ),
 }
 
 OPTION_NAMES = tuple(_SPECS)
@@ -205,6 +247,7 @@ class Options:
     warmup: bool = _SPECS["warmup"].default
     launch_latency_us: float = _SPECS["launch_latency_us"].default
     report: str = _SPECS["report"].default
+    strict: bool = _SPECS["strict"].default
 
     def replace(self, **changes: Any) -> "Options":
         """A copy with ``changes`` validated and applied."""
@@ -217,8 +260,10 @@ assert tuple(f.name for f in dataclasses.fields(Options)) == OPTION_NAMES
 
 def _check_name(name: str, origin: str = "") -> None:
     if name not in _SPECS:
+        hint = did_you_mean(name, OPTION_NAMES)
         raise ConfigError(
-            f"unknown adaptive_eager option {name!r}{origin}; known options: {', '.join(OPTION_NAMES)}"
+            f"unknown adaptive_eager option {name!r}{origin}{hint}; known options: "
+            f"{', '.join(OPTION_NAMES)}"
         )
 
 
@@ -238,9 +283,10 @@ _PATCHES: list[dict[str, Any]] = []
 def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Options set through ``ADAPTIVE_EAGER_<NAME>`` variables, validated.
 
-    ``ADAPTIVE_EAGER`` itself (the on switch) and ``ADAPTIVE_EAGER_NEURON_SIM`` are
-    not options and are ignored here; any other unknown ``ADAPTIVE_EAGER_*`` name
-    raises, so a typo in a variable name is reported rather than ignored.
+    The switches (``ADAPTIVE_EAGER``, ``ADAPTIVE_EAGER_NEURON_SIM``, ``_LOG``,
+    ``_FUEL``; Note [Switches]) are not options: they are validated here, not
+    returned; any other unknown ``ADAPTIVE_EAGER_*`` name raises, so a typo in a
+    variable name is reported rather than ignored.
 
     Example::
 
@@ -248,17 +294,74 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         {'window_size': 32}
     """
     environ = os.environ if environ is None else environ
+    check_switches(environ)
     out: dict[str, Any] = {}
     for key, raw in environ.items():
         if not key.startswith(ENV_PREFIX) or key in NON_OPTION_VARIABLES:
             continue
         name = key[len(ENV_PREFIX):].lower()
+        if name not in _SPECS:
+            known = [ENV_PREFIX + n.upper() for n in OPTION_NAMES] + sorted(NON_OPTION_VARIABLES)
+            raise ConfigError(
+                f"unknown adaptive_eager option {name!r} (from environment variable "
+                f"{key}){did_you_mean(key, known)}; options: {', '.join(OPTION_NAMES)} (as "
+                f"{ENV_PREFIX}<NAME>), switches: {', '.join(sorted(NON_OPTION_VARIABLES))}"
+            )
         out[name] = _parse(name, raw, f" (from environment variable {key})")
     return out
 
 
+# Note [Switches]
+# Environment variables that are not options: each is read where it acts (autoload,
+# logging, the emulated device, the compile service), and all are validated here, with
+# the options, whenever options are resolved: a bad value raises a ConfigError naming
+# the variable at the user's line (or, under ADAPTIVE_EAGER=1, is logged and the
+# program runs plain eager), never a bare error later.
+def _parse_level(name: str, value: Any, origin: str) -> str:
+    from ._logging import LEVEL_NAMES  # noqa: PLC0415 - a leaf module
+
+    low = str(value).strip().lower()
+    if low in LEVEL_NAMES or low in ("", "0", "off", "none"):
+        return low
+    raise ConfigError(f"adaptive_eager switch {name}{origin}: expected a logging level, one of "
+                      f"{', '.join(LEVEL_NAMES)} (or 0/off), got {value!r}")
+
+
+def _parse_fuel(name: str, value: Any, origin: str) -> int | None:
+    if isinstance(value, str) and not value.strip():
+        return None
+    return _int_parser(0)(name, value, origin)
+
+
+SWITCHES: dict[str, tuple[Callable[[str, Any, str], Any], str]] = {
+    "ADAPTIVE_EAGER": (_parse_bool, "turn the runtime on at `import torch` (1/0)"),
+    "ADAPTIVE_EAGER_NEURON_SIM": (_parse_bool, "register the emulated neuron device (1/0)"),
+    "ADAPTIVE_EAGER_LOG": (_parse_level, "stderr logging at this level: debug, info, warning, error"),
+    "ADAPTIVE_EAGER_FUEL": (_parse_fuel, "compile at most this many regions (bisecting a miscompile)"),
+}
 # Variables that share the prefix but are switches, not options.
-NON_OPTION_VARIABLES = frozenset({"ADAPTIVE_EAGER_NEURON_SIM", "ADAPTIVE_EAGER_LOG", "ADAPTIVE_EAGER_FUEL"})
+NON_OPTION_VARIABLES = frozenset(SWITCHES)
+
+
+def switch(variable: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The parsed value of switch ``variable`` (its default when unset), or ConfigError.
+
+    Example::
+
+        >>> switch("ADAPTIVE_EAGER_FUEL", {"ADAPTIVE_EAGER_FUEL": "3"})
+        3
+    """
+    environ = os.environ if environ is None else environ
+    parse = SWITCHES[variable][0]
+    return parse(variable, environ.get(variable, ""), f" (from environment variable {variable})")
+
+
+def check_switches(environ: Mapping[str, str] | None = None) -> None:
+    """Validate every switch that is set (Note [Switches]); raise ConfigError on the first bad one."""
+    environ = os.environ if environ is None else environ
+    for variable in SWITCHES:
+        if variable in environ:
+            switch(variable, environ)
 
 
 def resolve(environ: Mapping[str, str] | None = None, **overrides: Any) -> Options:
@@ -303,4 +406,5 @@ def describe() -> list[tuple[str, str, Any, str]]:
 
 __all__ = [
     "ConfigError", "Options", "OPTION_NAMES", "resolve", "patch", "env_overrides", "describe",
+    "SWITCHES", "switch", "check_switches", "accepted_device_types",
 ]

@@ -16,6 +16,8 @@ Example::
     True
 """
 
+# Formatting is hand-written (a two-column list, indented code and advice): no table
+# library would shorten it, and the report must work wherever the package imports.
 from __future__ import annotations
 
 import linecache
@@ -24,71 +26,8 @@ import sys
 from typing import Iterable
 
 from ._logging import log
-from .statistics import ROUTINE_REASONS, Stats
-
-# Reason (as recorded by the mode) -> what to change. Keys are the flush reasons of
-# dispatch/mode.py, dispatch/observe.py and dispatch/lazy.py, with any "observe:" prefix removed.
-ADVICE: dict[str, str] = {
-    "item": ".item() in a loop: keep the value as a tensor (accumulate with +=) "
-            "or read it every N steps",
-    "bool": "Python branches on a tensor (if/while/and/or): use torch.where, or check every N steps",
-    "equal": "torch.equal returns a Python bool: use (a == b).all() and keep it a tensor",
-    "repr": "printing a tensor: print every N steps, or after the loop",
-    "format": "formatting a tensor into a string: log every N steps, or after the loop",
-    "numpy": "reading values into NumPy: do it every N steps, or after the loop",
-    "array": "reading values into NumPy: do it every N steps, or after the loop",
-    "tolist": ".tolist() reads values into Python: do it every N steps, or after the loop",
-    "data_ptr": "raw memory access (data_ptr) needs the real tensor: move it out of the hot loop",
-    "dlpack": "DLPack export needs the real tensor: export outside the hot loop",
-    "storage": "storage access needs the real tensor: move it out of the hot loop",
-    "untyped_storage": "storage access needs the real tensor: move it out of the hot loop",
-    "pickle": "saving/pickling tensors (torch.save): checkpoint every N steps",
-    "reduce_ex": "saving/pickling tensors (torch.save): checkpoint every N steps",
-    "deepcopy": "copy.deepcopy of tensors: copy outside the hot loop",
-    "transfer": "device transfer (.to/.cpu/.cuda): move data once before the loop, or every N steps",
-    "data_dependent": "the output's shape depends on the values (nonzero, masked_select, unique, "
-                      "boolean-mask indexing): use fixed-shape forms (torch.where, masked_fill, "
-                      "multiplying by a mask)",
-    "no_meta_kernel": "the op has no meta kernel, so its output shape is unknown until it runs: "
-                      "register one (torch.library.register_fake) or keep the op out of the hot loop",
-    "metadata_mutation": "in-place change of a tensor's shape (resize_, set_): allocate the final "
-                         "shape instead",
-    "non_tensor_output": "the op returns a Python value, which needs real data: keep it out of "
-                         "the hot loop",
-    "collective": "collective communication syncs by design",
-    "random": "a random op reads pending values (e.g. bernoulli(p) of a computed p): draw "
-              "torch.rand_like(p) and compare instead",
-    "resize": "an op's output shape differed from the prediction; please report it",
-    "sync": "an op needed real values here; look at the line for a read into Python",
-    "window_full": "routine: the window reached window_size ops (raise ADAPTIVE_EAGER_WINDOW_SIZE "
-                   "if regions are cut too often)",
-    "exit": "routine: end of an adaptive_eager block",
-    "optimizer_step": "routine: an optimizer step ends its window, so windows line up with "
-                      "iterations and recur",
-    "torch.compile": "a torch.compile'd function needs its inputs: pending work runs first",
-    "explicit_sync": "adaptive_eager.sync() was called: drop it if nothing needs it",
-    "nested_enter": "a nested block with other options: use the same options to share one window",
-}
-
-# Fallback reasons (fusion/policy.py, fusion/partition.py, runtime/compiler.py) where
-# they differ from, or are missing in, the flush reasons above.
-FALLBACK_ADVICE: dict[str, str] = {
-    "random": "random ops run eagerly (in program order, for eager's exact numbers); "
-              "nothing to change",
-    "opaque": "not an ATen op the compiler understands (a custom or Python op): it runs "
-              "eagerly; move it out of the hot loop if it splits a region",
-    "unsupported_by_backend": "the compile backend cannot run this op: try another backend "
-                              "(--backend or ADAPTIVE_EAGER_BACKEND)",
-    "aliased_inputs": "the region updates views of one tensor in place (e.g. optimizer steps, "
-                      "slices written in place); it replays eagerly, results unchanged",
-    "factory": "creates a tensor from nothing (arange, zeros): it runs just before its "
-               "region, which takes it as an input (Note [Factories outside Inductor "
-               "regions]); nothing to change",
-    "compile timed out after": "compiling took longer than compile_timeout_s; the region runs "
-                               "eagerly (raise ADAPTIVE_EAGER_COMPILE_TIMEOUT_S)",
-}
-_REGION_ADVICE = ("a compiled region failed, mismatched eager or lost to it, and runs eagerly "
-                  "from now on (ADAPTIVE_EAGER_LOG=debug says why); results are unchanged")
+from .reasons import ADVICE, ROUTINE_REASONS, advice_for
+from .statistics import Stats
 
 # Source patterns for sites whose reason is unknown (e.g. counters from elsewhere).
 _SOURCE_HINTS: tuple[tuple[str, str], ...] = (
@@ -100,14 +39,6 @@ _SOURCE_HINTS: tuple[tuple[str, str], ...] = (
 _SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal"})
 
 _SITE = re.compile(r"^(?P<file>.*):(?P<line>\d+)(?: \((?P<func>.*)\))?$")
-
-
-def advice_for(reason: str, fallback: bool = False) -> str:
-    """What to change for a flush (or, with ``fallback``, a fallback) ``reason``; ``""`` if unknown."""
-    key = reason.split(":", 1)[1] if reason.startswith("observe:") else reason
-    if fallback and key in FALLBACK_ADVICE:
-        return FALLBACK_ADVICE[key]
-    return ADVICE.get(key.strip("_"), ADVICE.get(key, ""))
 
 
 def source_text(site: str) -> str:
@@ -187,15 +118,27 @@ def format_fallbacks(stats: Stats, limit: int = 15) -> list[str]:
     given: set[str] = set()
     rows = fallbacks(stats)
     for op, n, reasons in rows[:limit]:
-        lines.append(f"  {n:>7,}  {op}  [{', '.join(reasons) or 'unknown'}]")
-        advice = _REGION_ADVICE if op == "region" else \
-            next((a for a in (advice_for(r, fallback=True) for r in reasons) if a), "")
+        site = stats.fallback_sites.get(op, "")
+        lines.append(f"  {n:>7,}  {op}  [{', '.join(reasons) or 'unknown'}]" + (f"  {site}" if site else ""))
+        code = source_text(site) if site else ""
+        if code:
+            lines.append(f"           > {code}")
+        advice = next((a for a in (advice_for(r, fallback=True) for r in reasons) if a), "")
         if advice and advice not in given:  # each piece of advice once
             given.add(advice)
             lines += _wrap(advice, "           advice: ")
     if len(rows) > limit:
         lines.append(f"  ... {len(rows) - limit} more ops")
     return lines
+
+
+def compiles_line(s: Stats) -> str:
+    """Compiles finished, in flight and failed, with the time of the finished ones."""
+    text = f"{_fmt_num(s.regions_compiled)} finished ({s.compile_time_s:.2f} s), " \
+           f"{_fmt_num(s.compiles_in_flight)} in flight, {_fmt_num(s.compile_failures)} failed"
+    if s.compiles_in_flight:
+        text += "  (compiles still running are not timed; their regions ran eagerly)"
+    return text
 
 
 def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
@@ -206,13 +149,16 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
         ("windows flushed", _fmt_num(s.windows or s.total_flushes)),
         ("ops fused / eager", f"{_fmt_num(s.ops_fused)} / {_fmt_num(s.ops_eager)}  "
                               f"({_pct(s.fused_share)} fused)"),
-        ("regions compiled", f"{_fmt_num(s.regions_compiled)}  (failures {s.compile_failures}, "
-                             f"demoted {s.demotions}, in flight {s.compiles_in_flight})"),
+        ("regions compiled", f"{_fmt_num(s.regions_compiled)}  (demoted {s.demotions})"),
+        ("compiles", compiles_line(s)),
         ("compiled calls", _fmt_num(s.compiled_calls)),
         ("cache", f"hits {_fmt_num(s.cache_hits)}, misses {_fmt_num(s.cache_misses)}, "
                   f"evictions {_fmt_num(s.cache_evictions)}  (hit rate {_pct(s.cache_hit_rate)})"),
-        ("compile time", f"{s.compile_time_s:.2f} s"),
     ]
+    if s.optimizer_steps_foreach:
+        # Note [Optimizer steps at the foreach level] (dispatch/optim.py)
+        rows.append(("optimizer steps", f"{_fmt_num(s.optimizer_steps_foreach)} run at the foreach "
+                                        "level (torch.optim's multi-tensor path, equal results)"))
     if s.warmup_ended:
         # Note [The first iteration runs eagerly]
         rows.insert(0, ("capture started", f"after eager warm-up, at {s.warmup_ended}"))
@@ -247,6 +193,36 @@ def write_report(text: str, destination: str) -> None:
         log.warning("adaptive_eager: could not write the report to %r: %s", destination, e)
 
 
+def wants_json(destination: str) -> bool:
+    """Whether a report destination is a JSON file (its name ends in ``.json``)."""
+    return destination.strip().lower().endswith(".json")
+
+
+def emit_report(stats: Stats, destination: str, title: str = "adaptive_eager report",
+                as_json: bool = False) -> None:
+    """Write the report of ``stats`` to ``destination`` (see :func:`write_report`): as
+    text, or as ``stats.to_json()`` with ``as_json`` or a ``.json`` path."""
+    if as_json or wants_json(destination):
+        write_report(stats.to_json(indent=2) + "\n", destination)
+    else:
+        write_report(format_report(stats, title=title), destination)
+
+
+def explain_data(stats: Stats) -> dict:
+    """What ``adaptive-eager explain --json`` prints: sync sites and fallbacks, each with
+    its code line and advice (the same rows as the text)."""
+    sites = [{"site": site, "count": n, "reasons": reasons, "code": source_text(site),
+              "advice": advice_for(max(reasons, key=reasons.get))}
+             for site, n, reasons in problem_sites(stats)]
+    ops = [{"op": op, "count": n, "reasons": list(reasons),
+            "site": stats.fallback_sites.get(op, ""),
+            "code": source_text(stats.fallback_sites.get(op, "")),
+            "advice": next((a for a in (advice_for(r, fallback=True) for r in reasons) if a), "")}
+           for op, n, reasons in fallbacks(stats)]
+    return {"ops_captured": stats.ops_captured, "total_flushes": stats.total_flushes,
+            "sync_sites": sites, "fallbacks": ops}
+
+
 def explain_lines(stats: Stats) -> Iterable[str]:
     """The ``adaptive-eager explain`` text: only what to change, with source lines."""
     sites = format_sites(stats, limit=50)
@@ -257,5 +233,5 @@ def explain_lines(stats: Stats) -> Iterable[str]:
     yield from format_fallbacks(stats, limit=50) or ["  none"]
 
 
-__all__ = ["format_report", "write_report", "advice_for", "source_text", "problem_sites",
-           "fallbacks", "explain_lines", "ADVICE"]
+__all__ = ["format_report", "write_report", "emit_report", "explain_data", "wants_json", "advice_for", "source_text", "problem_sites",
+           "fallbacks", "explain_lines", "compiles_line", "ADVICE"]

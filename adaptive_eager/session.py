@@ -22,12 +22,11 @@ Example::
 
 from __future__ import annotations
 
-import atexit
 import functools
 import importlib.util
-import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -37,9 +36,13 @@ from . import config
 from ._logging import log
 from .config import Options
 from .dispatch import AdaptiveEagerMode, MetaMemo, ObserveMode, OpTable
+from .dispatch import interrupts
+from .dispatch.kernel_state import install as install_state_setters
 from .dispatch.opaque import install as install_opaque_calls
+from .dispatch.optim import restore as restore_foreach
+from .dispatch.optim import use_foreach
 from .dispatch.source import user_source
-from .runtime import Counters, Executor, make_executor
+from .runtime import Counters, DeferPolicy, Executor, make_executor
 from .statistics import SiteCounters, Stats, snapshot
 
 # Note [Process-wide registries]
@@ -50,22 +53,72 @@ _COUNTERS: Counters = SiteCounters()
 _SESSIONS: dict[Options, "Session"] = {}
 _SESSIONS_LOCK = threading.Lock()
 _TLS = threading.local()
+# Note [Every cache is bounded]
+# A long program must not grow the runtime's memory (issue 15 item 18: 90,000 distinct
+# slices interned 90,002 specs, RSS +18 MiB). Each cache and registry, and its bound:
+# - per value (grow with the program's data): the metadata memo (LRU,
+#   ``meta_cache_size``) and its spec interner (generations, Note [Bounded spec
+#   interning]); compiled regions (RegionCache, ``cache_size``); plans, eager and
+#   capture times, first sightings (the executor's LRUs, >= ``cache_size``); a
+#   region's lifted scalars (one per slot); bound handles (pruned, Note [Releasing
+#   bound handles]); sessions (LRU of _MAX_SESSIONS: a new backend callable per block
+#   makes new options each time).
+# - per op overload or code object (bounded by the program's code, not its data): the
+#   op table and the recorder's op flags, ``_as_record``, fusion.scalars._BY_ID, the
+#   Dynamo marks (dispatch/dynamo.py), sync sites and fallback counts (Counters), the
+#   compile service's and warn_once's logged kinds, the opaque-call patches.
+# - per window (emptied at every flush): the recorder's buffers.
+# Sessions kept at most, least recently made or used dropped first (active modes keep
+# theirs).
+_MAX_SESSIONS = 32
+# Every live mode, in any thread: what a change of global state flushes
+# (Note [Global state that kernels read], dispatch/kernel_state.py). Weak: a mode
+# lives as long as its block.
+_MODES: "weakref.WeakSet[AdaptiveEagerMode]" = weakref.WeakSet()
+_MODES_LOCK = threading.Lock()
 
 
 @dataclass
 class Session:
+    """What outlives one block: options, executor (compiled regions), the pass-through
+    policy (runtime.adapt, owned here and handed to each mode), op table, metadata memo."""
+
     options: Options
     executor: Executor
     counters: Counters
+    policy: DeferPolicy
     table: OpTable = field(default_factory=OpTable)
     memo: MetaMemo | None = None
 
     def new_mode(self) -> AdaptiveEagerMode:
         if self.memo is None:
             self.memo = MetaMemo(self.options.meta_cache_size, self.counters)
-        mode = AdaptiveEagerMode(self.options, self.executor, self.counters, self.table, self.memo)
+        mode = AdaptiveEagerMode(self.options, self.executor, self.counters, self.policy,
+                                 self.table, self.memo)
         mode.on_park = _parked_changed
+        with _MODES_LOCK:
+            _MODES.add(mode)
         return mode
+
+
+def _global_state_changed(name: str, dtype_changed: bool) -> None:
+    """A setter of global state that kernels read is about to run (kernel_state.py)."""
+    with _MODES_LOCK:
+        modes = list(_MODES)
+    for mode in modes:
+        # A mode busy in another thread (recording, flushing) is not waited for: two
+        # threads each flushing the other's mode would deadlock.
+        if len(mode.recorder) and mode.lock.acquire(blocking=False):
+            try:
+                mode.flush("global_state", user_source(2))
+            finally:
+                mode.lock.release()
+    if dtype_changed:  # memoized metadata followed the old default dtype
+        with _SESSIONS_LOCK:
+            memos = {id(s.memo): s.memo for s in _SESSIONS.values() if s.memo is not None}
+        memos.update((id(m.memo), m.memo) for m in modes)
+        for memo in memos.values():
+            memo.clear()
 
 
 # Note [Import Dynamo at the first session, not at the first op]
@@ -77,7 +130,8 @@ class Session:
 # ``adaptive_eager()`` block or ``enable()``), where a one-time set-up cost belongs.
 def _import_dynamo() -> None:
     try:
-        import torch._dynamo  # noqa: F401, PLC0415
+        with interrupts.critical():  # not half-imported by a Ctrl-C (Note [Interrupts wait ...])
+            import torch._dynamo  # noqa: F401, PLC0415
     except Exception:  # noqa: BLE001 - an optional speed-up; the first op imports it anyway
         log.debug("adaptive_eager: importing torch._dynamo failed", exc_info=True)
 
@@ -86,13 +140,20 @@ def get_session(options: Options) -> Session:
     if "torch._dynamo" not in sys.modules:
         _import_dynamo()
     with _SESSIONS_LOCK:
-        s = _SESSIONS.get(options)
+        s = _SESSIONS.pop(options, None)
         if s is None:
             _install_safe_point()
             install_opaque_calls()  # Note [Opaque calls]
-            s = _SESSIONS[options] = Session(options, make_executor(options, _COUNTERS), _COUNTERS)
+            install_state_setters(_global_state_changed)  # Note [Global state that kernels read]
+            s = Session(options, make_executor(options, _COUNTERS), _COUNTERS,
+                        DeferPolicy.for_options(options, _COUNTERS))
             if options.report:
-                _report_at_exit(options.report)
+                from .process import report_at_exit  # noqa: PLC0415 - process imports this module
+
+                report_at_exit(options.report)
+        _SESSIONS[options] = s  # most recently used last
+        while len(_SESSIONS) > _MAX_SESSIONS:  # active modes keep theirs
+            del _SESSIONS[next(iter(_SESSIONS))]
         return s
 
 
@@ -110,6 +171,8 @@ def _stack() -> list:
     st = getattr(_TLS, "stack", None)
     if st is None:
         st = _TLS.stack = []
+    if _ABANDONED:
+        _prune(st)  # Note [A block is left in the thread that entered it]
     return st
 
 
@@ -129,26 +192,62 @@ def _park_or_resume(mode: AdaptiveEagerMode, weight: int) -> bool:
     the policy wants to capture again (Note [Deep parking], dispatch/observe.py). False
     when the runtime is capturing (neither parked nor deep-parked)."""
     observe = _innermost_observe(_TLS.stack)
-    if observe is None or observe.mode is not mode or mode._should_defer is None:
+    if observe is None or observe.mode is not mode:
         return True
     if observe.deep:
         if mode._should_defer(weight):
             observe.resume()
     elif mode._parked:
-        if not (mode._policy is not None and mode._policy.warming):
+        if not (mode.policy.warming):
             observe.deep_park()
     else:
         return False
     return True
 
 
-def _safe_point(*_: Any) -> None:
+def _step_starts(opt: Any, *_: Any) -> None:
+    """The start of an optimizer step (a global optimizer step pre hook): qualifying
+    param groups run at the foreach level (Note [Optimizer steps at the foreach level])."""
+    switched = _foreach_switched()
+    left = switched.pop(opt, None)
+    if left:  # the last step raised before its post hook ran
+        restore_foreach(left)
+    if getattr(_TLS, "stack", None):
+        groups = use_foreach(opt)
+        if groups:
+            switched[opt] = groups
+            _COUNTERS.optimizer_steps_foreach += 1
+
+
+def _foreach_switched() -> "weakref.WeakKeyDictionary":
+    switched = getattr(_TLS, "foreach", None)
+    if switched is None:
+        switched = _TLS.foreach = weakref.WeakKeyDictionary()
+    return switched
+
+
+def _restore_foreach_all() -> None:
+    """Every group this thread switched and did not restore yet gets foreach=None back."""
+    switched = getattr(_TLS, "foreach", None)
+    while switched:
+        _, groups = switched.popitem()
+        restore_foreach(groups)
+
+
+def _safe_point(opt: Any, *_: Any) -> None:
     """The end of an optimizer step (a global optimizer step post hook)."""
+    switched = getattr(_TLS, "foreach", None)
+    if switched:
+        groups = switched.pop(opt, None)
+        if groups:
+            restore_foreach(groups)
     st = getattr(_TLS, "stack", None)
+    if st and _ABANDONED:
+        _prune(st)
     if not st:
         return
     mode = st[-1][0]
-    if mode._policy is not None and mode._policy.warming:
+    if mode.policy.warming:
         mode.end_warmup("optimizer step", None)  # Note [The first iteration runs eagerly]
         return
     if not _park_or_resume(mode, _SAFE_POINT_WEIGHT) and len(mode.recorder):
@@ -182,6 +281,8 @@ _PARK_LOCK = threading.Lock()
 def _module_safe_point(*_: Any) -> None:
     """Before a module's forward (a global module forward pre-hook, while parked)."""
     st = getattr(_TLS, "stack", None)
+    if st and _ABANDONED:
+        _prune(st)
     if st:
         _park_or_resume(st[-1][0], _MODULE_CALL_WEIGHT)
 
@@ -205,9 +306,112 @@ def _install_safe_point() -> None:
     # Global optimizer hooks are torch's public API and cost nothing to code that
     # never steps an optimizer; installed once per process, with the first session.
     if not _SAFE_POINT_HOOK:
-        from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
+        from torch.optim.optimizer import (  # noqa: PLC0415
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
+        _SAFE_POINT_HOOK.append(register_optimizer_step_pre_hook(_step_starts))
         _SAFE_POINT_HOOK.append(register_optimizer_step_post_hook(_safe_point))
+
+
+def _enter(st: list, options: Options) -> tuple:
+    """Enter a block with ``options`` in this thread; the entry pushed on ``st``."""
+    if st and st[-1][0].options == options:
+        entry = (st[-1][0], None)
+        st.append(entry)
+        return entry
+    outer = current_mode()
+    if outer is not None:
+        outer.flush("nested_enter")
+        outer_observe = _innermost_observe(st)
+        if outer_observe is not None:
+            outer_observe.resume()  # Note [Deep parking]
+        outer.unpark()  # a parked outer mode goes back under the new one
+    mode = get_session(options).new_mode()
+    observe = ObserveMode(mode)
+    mode.__enter__()
+    observe.__enter__()
+    entry = (mode, observe)
+    st.append(entry)
+    return entry
+
+
+def _leave(entry: tuple) -> None:
+    """Leave the block of ``entry`` (already popped from this thread's stack)."""
+    mode, observe = entry
+    try:
+        mode.flush("exit")
+        if observe is not None:
+            mode.release_handles()  # Note [Releasing bound handles]
+    finally:
+        if observe is not None:
+            if observe.deep and not observe.resume():
+                observe.deep = False  # off the stack already: nothing to pop
+            else:
+                observe.__exit__(None, None, None)
+            mode.unpark()  # back on the stack, so that its own __exit__ pops it
+            mode.__exit__(None, None, None)
+
+
+# Note [A block is left in the thread that entered it]
+# PyTorch's mode stacks are per thread, and no thread can pop another's. A block
+# entered in one thread and exited in another (a context handed to a worker) used to
+# fail with "IndexError: pop from empty list" in the worker and leave the entering
+# thread capturing for good. Now the exit in the wrong thread raises an error naming
+# both threads and changes nothing in the exiting thread; the block counts as
+# closed: its mode stops deferring (ops pass straight through, and its ObserveMode
+# takes it off the entering thread's dispatch stack at the next torch call there),
+# and the entering thread leaves it, flushing what is pending, the next time it
+# touches the runtime (a block's entry or exit, current_mode(), sync(), an optimizer
+# step or a module call while parked). _ABANDONED holds such entries per thread id
+# until then.
+_ABANDONED: dict[int, list[tuple]] = {}
+_ABANDONED_LOCK = threading.Lock()
+
+
+def _never_defer(*_: Any) -> bool:
+    return False
+
+
+def _exited_elsewhere(entered: list) -> None:
+    here = threading.current_thread().name
+    if not entered:
+        raise RuntimeError(f"adaptive_eager: __exit__ in thread {here!r} without __enter__")
+    ident, name, entry = entered.pop()
+    mode, observe = entry
+    if observe is not None:
+        mode._should_defer = _never_defer
+    alive = {t.ident for t in threading.enumerate()}
+    with _ABANDONED_LOCK:
+        for dead in [i for i in _ABANDONED if i not in alive]:
+            del _ABANDONED[dead]
+        if ident in alive:
+            _ABANDONED.setdefault(ident, []).append(entry)
+    raise RuntimeError(
+        f"adaptive_eager: a block entered in thread {name!r} was exited in thread {here!r}; "
+        f"leave a block in the thread that entered it (PyTorch's modes are per thread). "
+        f"The block is closed: thread {name!r} runs plain eager from its next torch call and "
+        "leaves the block the next time it uses the runtime (Note [A block is left in the "
+        "thread that entered it])")
+
+
+def _prune(st: list) -> None:
+    """Leave this thread's blocks that another thread exited, innermost first."""
+    ident = threading.get_ident()
+    while True:
+        with _ABANDONED_LOCK:
+            gone = _ABANDONED.get(ident)
+            if not gone or not st or not any(e is st[-1] for e in gone):
+                return
+            entry = st.pop()
+            gone[:] = [e for e in gone if e is not entry]
+            if not gone:
+                del _ABANDONED[ident]
+        try:
+            _leave(entry)
+        finally:
+            interrupts.release()
 
 
 def current_mode() -> AdaptiveEagerMode | None:
@@ -276,50 +480,41 @@ class adaptive_eager:
     def __init__(self, **options: Any):
         self._overrides = options
         self.options = resolve_options(**options)  # validates now, at the user's line
+        self._entered: list[tuple[int, str, tuple]] = []  # (thread id, name, stack entry)
 
     @classmethod
     def _from_options(cls, options: Options) -> "adaptive_eager":
         ctx = cls.__new__(cls)
         ctx._overrides = {f: getattr(options, f) for f in config.OPTION_NAMES}
         ctx.options = options
+        ctx._entered = []
         return ctx
 
     def __enter__(self) -> "adaptive_eager":
         st = _stack()
-        if st and st[-1][0].options == self.options:
-            st.append((st[-1][0], None))
-            return self
-        outer = current_mode()
-        if outer is not None:
-            outer.flush("nested_enter")
-            outer_observe = _innermost_observe(st)
-            if outer_observe is not None:
-                outer_observe.resume()  # Note [Deep parking]
-            outer.unpark()  # a parked outer mode goes back under the new one
-        mode = get_session(self.options).new_mode()
-        observe = ObserveMode(mode)
-        mode.__enter__()
-        observe.__enter__()
-        st.append((mode, observe))
+        interrupts.hold()  # Note [Interrupts wait for the flush]
+        try:
+            entry = _enter(st, self.options)
+        except BaseException:
+            interrupts.release()
+            raise
+        thread = threading.current_thread()
+        self._entered.append((thread.ident, thread.name, entry))
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        mode, observe = _stack().pop()
+        ident = threading.get_ident()
+        mine = [i for i, rec in enumerate(self._entered) if rec[0] == ident]
+        if not mine:
+            _exited_elsewhere(self._entered)
+        del self._entered[mine[-1]]
         try:
-            mode.flush("exit")
-            if observe is not None:
-                mode.release_handles()  # Note [Releasing bound handles]
-                threads = getattr(mode.executor, "threads", None)
-                if threads is not None:
-                    threads.restore()  # Note [Sharing the cores with the compile worker]
+            entry = _stack().pop()
+            if not _stack():
+                _restore_foreach_all()  # Note [Optimizer steps at the foreach level]
+            _leave(entry)
         finally:
-            if observe is not None:
-                if observe.deep and not observe.resume():
-                    observe.deep = False  # off the stack already: nothing to pop
-                else:
-                    observe.__exit__(None, None, None)
-                mode.unpark()  # back on the stack, so that its own __exit__ pops it
-                mode.__exit__(None, None, None)
+            interrupts.release()
 
     def __call__(self, fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -372,170 +567,6 @@ def reset_stats() -> None:
         _COUNTERS.compiles_in_flight = in_flight
 
 
-# Note [Process-wide enable]
-# PyTorch's mode stacks are thread-local, so "the whole process" means: the calling
-# thread now, and every thread started later. enable() enters a mode in the calling
-# thread and patches threading.Thread.start so that each thread started afterwards
-# runs its run() inside `with adaptive_eager(...)` (the instance's run is wrapped,
-# so Thread subclasses that override run() are covered too). Not covered, by design
-# or by necessity:
-# - threads already running when enable() is called: another thread's mode stack
-#   cannot be changed from outside; they stay plain eager (they may call enable() or
-#   use `with adaptive_eager()` themselves);
-# - threads started by torch or by adaptive_eager itself (compile workers, pin-memory
-#   threads): the runtime must never capture its own machinery; a thread can also
-#   opt out with `thread.adaptive_eager_exempt = True` before start();
-# - threads started with _thread.start_new_thread, below the threading module.
-# disable() undoes the patch and leaves the mode in the calling thread; threads
-# started while enabled keep the runtime until their run() returns.
-class _Enabled:
-    """The registry of process-wide enabling: options, the patch, per-thread contexts."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.options: Options | None = None
-        self.original_start: Callable | None = None
-        self.exit_hook_registered = False
-        self.report_destinations: list[str] = []
-
-
-_ENABLED = _Enabled()
-_EXEMPT_DIRS = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-)
-_THREADING_DIRS = (
-    os.path.abspath(threading.__file__),
-    os.path.join(os.path.dirname(os.path.abspath(threading.__file__)), "concurrent") + os.sep,
-)
-
-
-def _started_by_library(depth: int) -> bool:
-    """Whether the code that started a thread is torch's or ours (skipping threading)."""
-    f = sys._getframe(depth)
-    while f is not None and f.f_code.co_filename.startswith(_THREADING_DIRS):
-        f = f.f_back
-    return f is not None and f.f_code.co_filename.startswith(_EXEMPT_DIRS)
-
-
-def _run_under(options: Options, run: Callable[[], None]) -> Callable[[], None]:
-    @functools.wraps(run)
-    def run_under_runtime() -> None:
-        with adaptive_eager._from_options(options):
-            run()
-
-    return run_under_runtime
-
-
-def _patched_start(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
-    options = _ENABLED.options
-    if options is not None and not getattr(self, "adaptive_eager_exempt", False) \
-            and not _started_by_library(2):
-        self.run = _run_under(options, self.run)  # type: ignore[method-assign]
-    return _ENABLED.original_start(self, *args, **kwargs)  # type: ignore[misc]
-
-
-def is_enabled() -> bool:
-    """Whether :func:`enable` is in effect (new threads start under the runtime)."""
-    return _ENABLED.options is not None
-
-
-def enable(**options: Any) -> None:
-    """Run the rest of the program under adaptive eager: this thread and new threads.
-
-    Options are those of :class:`adaptive_eager`. The calling thread enters the runtime
-    at once; threads started afterwards run under it too. Threads already running are
-    not affected (Note [Process-wide enable]). Calling it again with other options
-    switches to them; with the same options it only enters the calling thread.
-    The runtime is left (the window flushed) by :func:`disable` or at process exit.
-
-    Example::
-
-        >>> import torch, adaptive_eager as ae
-        >>> ae.enable(backend="eager")
-        >>> (torch.ones(2) * 3).tolist()
-        [3.0, 3.0]
-        >>> ae.disable()
-    """
-    resolved = resolve_options(**options)
-    if getattr(_TLS, "enabled_ctx", None) is None and _stack():
-        raise RuntimeError(
-            "adaptive_eager.enable() was called inside a `with adaptive_eager()` block; "
-            "call it outside (before) the block"
-        )
-    with _ENABLED.lock:
-        if _ENABLED.options is not None and _ENABLED.options != resolved:
-            disable()
-        _ENABLED.options = resolved
-        if _ENABLED.original_start is None:
-            _ENABLED.original_start = threading.Thread.start
-            threading.Thread.start = _patched_start  # type: ignore[method-assign]
-        _register_exit_hook()
-    if getattr(_TLS, "enabled_ctx", None) is None:
-        ctx = adaptive_eager._from_options(resolved)
-        ctx.__enter__()
-        _TLS.enabled_ctx = ctx
-        _TLS.enabled_depth = len(_stack())
-    log.debug("enabled process-wide: %s", resolved)
-
-
-def disable() -> None:
-    """Undo :func:`enable`: flush and leave the runtime in this thread; new threads run eager.
-
-    Must not be called inside a ``with adaptive_eager()`` block of the same thread.
-    A no-op when not enabled.
-
-    Example::
-
-        >>> import adaptive_eager as ae
-        >>> ae.disable()
-    """
-    with _ENABLED.lock:
-        _ENABLED.options = None
-        if _ENABLED.original_start is not None:
-            if threading.Thread.start is _patched_start:
-                threading.Thread.start = _ENABLED.original_start  # type: ignore[method-assign]
-            _ENABLED.original_start = None
-    ctx = getattr(_TLS, "enabled_ctx", None)
-    if ctx is None:
-        return
-    if len(_stack()) != _TLS.enabled_depth:
-        raise RuntimeError(
-            "adaptive_eager.disable() was called inside a `with adaptive_eager()` block; "
-            "leave the block first"
-        )
-    _TLS.enabled_ctx = None
-    ctx.__exit__(None, None, None)
-
-
-def _report_at_exit(destination: str) -> None:
-    with _ENABLED.lock:
-        if destination not in _ENABLED.report_destinations:
-            _ENABLED.report_destinations.append(destination)
-        _register_exit_hook()
-
-
-def _register_exit_hook() -> None:
-    if not _ENABLED.exit_hook_registered:
-        _ENABLED.exit_hook_registered = True
-        atexit.register(_at_exit)
-
-
-def _at_exit() -> None:
-    # Flush the main thread's window, then write the requested reports.
-    try:
-        if getattr(_TLS, "enabled_ctx", None) is not None:
-            disable()
-    except Exception as e:  # at exit, a message is better than a traceback
-        log.warning("adaptive_eager: leaving the runtime at exit failed: %s", e)
-    if _ENABLED.report_destinations:
-        from .reporting import format_report, write_report
-
-        text = format_report(stats())
-        for dest in _ENABLED.report_destinations:
-            write_report(text, dest)
-
-
 __all__ = [
     "adaptive_eager", "sync", "enable", "disable", "is_enabled", "stats", "reset_stats",
     "Session", "get_session", "clear_sessions", "counters", "current_mode",
@@ -561,3 +592,17 @@ def report() -> str:
 
 
 __all__.append("report")
+
+
+# Process-wide enabling lives in adaptive_eager.process (which imports this module);
+# its names are part of this module's API, resolved on first use.
+_PROCESS_NAMES = ("enable", "disable", "is_enabled")
+__all__ += list(_PROCESS_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PROCESS_NAMES:
+        from . import process  # noqa: PLC0415 - process imports this module
+
+        return getattr(process, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

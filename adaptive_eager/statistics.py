@@ -26,10 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .reasons import ROUTINE_REASONS
 from .runtime.counters import Counters
-
-# Sync reasons that are part of normal operation rather than something to fix.
-ROUTINE_REASONS = frozenset({"exit", "window_full", "nested_enter", "explicit_sync", "optimizer_step"})
 
 
 class SiteCounters(Counters):
@@ -59,8 +57,10 @@ class Stats:
     """What the runtime did since the last ``reset_stats()`` (all threads, all sessions).
 
     Mappings are plain dicts, ordered most frequent first. ``fallback_ops`` counts ops
-    that ran outside any compiled region, by op name; ``fallback_reasons`` says why
-    (e.g. ``data_dependent``: the output's shape depends on the values).
+    that ran outside any compiled region, by op name (``aten::nonzero``);
+    ``fallback_reasons`` says why (e.g. ``data_dependent``: the output's shape depends on
+    the values) and ``fallback_sites`` where: the program's line that issued it, found
+    the first time the op fell back (a sync) or the next time it was recorded.
 
     Example::
 
@@ -79,6 +79,7 @@ class Stats:
     sync_site_reasons: dict[str, dict[str, int]] = field(default_factory=dict)
     fallback_ops: dict[str, int] = field(default_factory=dict)
     fallback_reasons: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    fallback_sites: dict[str, str] = field(default_factory=dict)
     regions_compiled: int = 0
     compiled_calls: int = 0
     compile_failures: int = 0
@@ -91,6 +92,7 @@ class Stats:
     meta_hits: int = 0
     meta_misses: int = 0
     handles_released: int = 0
+    optimizer_steps_foreach: int = 0
     warmup_ended: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -150,6 +152,7 @@ def _copy(value: Any) -> Any:
     return {}
 
 
+_INTERNAL = {"lock", "sources_wanted"}  # Counters' bookkeeping, not statistics
 _KNOWN = {f.name for f in dataclasses.fields(Stats)} - {"extra", "fallback_reasons"}
 
 
@@ -157,7 +160,7 @@ def snapshot(counters: Counters) -> Stats:
     """A frozen :class:`Stats` from live ``counters``."""
     with counters.lock:
         raw = {name: _copy(getattr(counters, name)) for name in counters.__dataclass_fields__
-               if name != "lock"}
+               if name not in _INTERNAL}
         site_reasons = _copy(getattr(counters, "sync_site_reasons", {}))
     fallback_counts: Counter = Counter()
     reasons: dict[str, list[str]] = {}

@@ -1,4 +1,4 @@
-"""Tests of the benchmark suite (benchmarks/): table formatting, and a quick
+"""Tests of the benchmark suite (adaptive_eager/benchmarks): table formatting, and a quick
 end-to-end run of the runner in eager mode (subprocesses; no torch.compile)."""
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import table as T  # noqa: E402
-from benchmarks.adaptive_api import derive, diff_stats  # noqa: E402
-from benchmarks.worker import summarize_times  # noqa: E402
+from adaptive_eager.benchmarks import table as T  # noqa: E402
+from adaptive_eager.benchmarks.adaptive_api import derive, diff_stats  # noqa: E402
+from adaptive_eager.benchmarks.worker import summarize_times  # noqa: E402
 
 
 def _run(wl, mode, status="ok", time_s=None, first=None, **kw):
@@ -166,7 +166,7 @@ class _FakeAPI:
         self.n = 0
 
     def stats(self):
-        from benchmarks.adaptive_api import read_stats
+        from adaptive_eager.benchmarks.adaptive_api import read_stats
 
         class M:
             pass
@@ -177,8 +177,8 @@ class _FakeAPI:
 
 def test_worker_adaptive_path_with_fake_api(monkeypatch):
     import torch
-    import benchmarks.adaptive_api as api_mod
-    from benchmarks.worker import run_one
+    import adaptive_eager.benchmarks.adaptive_api as api_mod
+    from adaptive_eager.benchmarks.worker import run_one
 
     monkeypatch.setattr(api_mod, "AdaptiveAPI", _FakeAPI)
     threads = torch.get_num_threads()
@@ -197,11 +197,40 @@ def test_worker_adaptive_path_with_fake_api(monkeypatch):
 
 
 def test_adaptive_unavailable_is_graceful(monkeypatch):
-    import benchmarks.adaptive_api as api_mod
-    from benchmarks.worker import run_one
+    import adaptive_eager.benchmarks.adaptive_api as api_mod
+    from adaptive_eager.benchmarks.worker import run_one
 
     def boom():
         raise api_mod.Unavailable("not there yet")
     monkeypatch.setattr(api_mod, "AdaptiveAPI", boom)
     r = run_one("tiny-ops", "adaptive", quick=True)
     assert r["status"] == "unavailable" and "not there yet" in r["message"]
+
+
+def test_a_busy_machine_gets_a_warning_line_before_the_ratios(monkeypatch, tmp_path, capsys):
+    from adaptive_eager.benchmarks import run as R
+
+    def fake(spec, mode, a, log):
+        return {"workload": spec.name, "mode": mode, "status": "ok", "time_s": 1e-3,
+                "first_iter_s": 2e-3, "metric": "median", "n": 5, "wall_s": 0.1,
+                "loadavg_start": 9.0, "loadavg_end": 9.0}
+
+    monkeypatch.setattr(R, "_run_subprocess", fake)
+    monkeypatch.setattr(R.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(R.os, "cpu_count", lambda: 2)
+    assert R.main(["--quick", "--workloads", "tiny-ops", "--modes", "eager,adaptive",
+                   "--json", str(tmp_path / "r.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "WARNING: the 1-min load average was 9.0" in err     # before the runs
+    lines = out.splitlines()
+    warn = next(i for i, l in enumerate(lines) if l.startswith("WARNING"))
+    assert warn < next(i for i, l in enumerate(lines) if l.startswith("workload"))
+    assert json.loads((tmp_path / "r.json").read_text())["meta"]["load_warning"]
+
+
+def test_an_idle_machine_gets_no_warning():
+    from adaptive_eager.benchmarks.run import load_warning
+
+    assert load_warning(0.4, ncpu=2) == ""
+    assert load_warning(3.5, own=3, ncpu=2) == ""   # the suite's own runs do not count
+    assert load_warning(5.0, own=3, ncpu=2).startswith("WARNING")

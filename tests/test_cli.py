@@ -143,3 +143,95 @@ def test_console_script_demo(tmp_path):
                        text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     assert "max |loss diff|" in r.stdout and "(agree" in r.stdout
+
+
+# -- JSON, --version, did-you-mean -----------------------------------------------------------
+
+def test_run_json_parses_and_matches_stats(script, tmp_path, capsys):
+    import json
+
+    for argv, path in ((["--json", "--report", str(tmp_path / "r.txt")], tmp_path / "r.txt"),
+                       (["--report", str(tmp_path / "r.json")], tmp_path / "r.json")):
+        rc = cli.main(["run", "--backend", "eager", *argv, str(script)])
+        assert rc == 0
+        data = json.loads(path.read_text())
+        assert data == json.loads(session.stats().to_json())
+        assert data["flushes"]["item"] == 4 and data["ops_captured"] > 0
+
+
+def test_explain_json(script, capsys):
+    import json
+
+    rc = cli.main(["explain", "--backend", "eager", "--json", str(script)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    data = json.loads(out[out.index("{\n"):])  # after the script's own print
+    site = data["sync_sites"][0]
+    assert site["code"] == "total += y.sum().item()" and site["reasons"] == {"item": 4}
+    assert "keep the value as a tensor" in site["advice"]
+    assert data["fallbacks"][0]["op"] == "aten::nonzero"
+    assert data["fallbacks"][0]["code"] == "positive = torch.nonzero(x > 0)"
+
+
+def test_report_env_var_with_a_json_path_writes_json(script, tmp_path):
+    import json
+
+    out = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "adaptive_eager", "run", "--backend", "eager",
+                        "--report", "0", str(script)], cwd=tmp_path,
+                       env={**_env(), "ADAPTIVE_EAGER_REPORT": str(out)},
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["flushes"]["item"] == 4
+
+
+def test_version(capsys):
+    import adaptive_eager
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"adaptive-eager {adaptive_eager.__version__}"
+
+
+@pytest.mark.parametrize("argv, suggestion", [
+    (["run", "--backend", "inducter", "x.py"], "did you mean 'inductor'?"),
+    (["run", "-o", "window_sise=3", "x.py"], "did you mean 'window_size'?"),
+])
+def test_did_you_mean(argv, suggestion, capsys):
+    assert cli.main(argv) == 2
+    assert suggestion in capsys.readouterr().err
+
+
+def test_did_you_mean_for_environment_variables(monkeypatch, capsys):
+    monkeypatch.setenv("ADAPTIVE_EAGER_WINDOWSIZE", "3")
+    assert cli.main(["run", "x.py"]) == 2
+    assert "did you mean 'ADAPTIVE_EAGER_WINDOW_SIZE'?" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_pip_install_then_bench_works_from_anywhere(tmp_path):
+    """A normal (not editable) install into a fresh venv ships the benchmarks: `adaptive-eager
+    bench` runs outside the checkout (it used to exit 2, "benchmarks/ folder is not found")."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    venv = tmp_path / "venv"
+    env = {k: v for k, v in _env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
+
+    def sh(*cmd, cwd=tmp_path, timeout=300):
+        r = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, (cmd, r.stdout[-2000:], r.stderr[-3000:])
+        return r
+
+    sh(sys.executable, "-m", "venv", str(venv))
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    sh(*pip, "torch==2.13.0")   # the pinned CPU wheel (a local wheel where pip is set up so)
+    sh(*pip, root)              # not editable: what `pip install .` does
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    r = sh(str(venv / "bin" / "adaptive-eager"), "bench", "--quick", "--workloads", "tiny-ops",
+           "--modes", "eager,adaptive", cwd=work)
+    assert "tiny-ops" in r.stdout and "eager/adapt" in r.stdout
+    assert (work / "adaptive-eager-bench.json").is_file()  # results land where it was run
+    r = sh(str(venv / "bin" / "adaptive-eager"), "--version", cwd=work)
+    assert r.stdout.startswith("adaptive-eager ")

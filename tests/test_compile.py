@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import adaptive_eager as ae
+from adaptive_eager.runtime import DeferPolicy
 from adaptive_eager import session
 
 N = 1 << 16
@@ -180,18 +181,19 @@ def test_tiny_windows_stop_deferral():
     from adaptive_eager.runtime import make_executor
     from adaptive_eager import config
 
-    ex = make_executor(config.resolve(backend="eager"), session.counters())
     mode_opts = config.resolve(backend="eager")
+    ex = make_executor(mode_opts, session.counters())
+    policy = DeferPolicy.for_options(mode_opts, session.counters())
     x = torch.randn(32)
-    assert ex.should_defer()
+    assert policy.should_defer()
     from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
     aten = torch.ops.aten
     s = TensorSpec.of(x)
     nodes = tuple(OpNode(aten.mul.Tensor, (ValueRef(i), 1.1), (), (i + 1,)) for i in range(8))
     w = Window({0: x}, nodes, {i: s for i in range(9)}, frozenset({8}))
-    for _ in range(ex.defer.patience + 1):  # the first sighting is novel: it is not judged
-        ex.run(w)
-    assert not ex.should_defer()
+    for _ in range(policy.patience + 1):  # the first sighting is novel: it is not judged
+        policy.note(ex.run(w).verdict)
+    assert not policy.should_defer()
     assert mode_opts.adaptive_passthrough
 
 
@@ -233,7 +235,7 @@ def test_inductor_region_next_to_a_factory_compiles_and_runs():
     assert got == pytest.approx([ref] * 4, rel=1e-5)
     assert stats.compile_failures == 0, stats.fallback_reasons
     assert stats.compiled_calls >= 2
-    assert "factory" in stats.fallback_reasons.get("arange.default", ())
+    assert "factory" in stats.fallback_reasons.get("aten::arange", ())
 
 
 def test_windows_that_never_recur_stop_deferral_without_planning():
@@ -243,16 +245,20 @@ def test_windows_that_never_recur_stop_deferral_without_planning():
     from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
     from adaptive_eager.runtime import make_executor
 
-    ex = make_executor(config.resolve(backend="eager"), session.counters())
+    opts = config.resolve(backend="eager")
+    ex = make_executor(opts, session.counters())
+    policy = DeferPolicy.for_options(opts, session.counters())
     aten = torch.ops.aten
-    for n in range(1, ex.defer.novel_patience + 1):
+    for n in range(1, policy.novel_patience + 1):
         x = torch.randn(n, 3)
         s = TensorSpec.of(x)
         nodes = tuple(OpNode(aten.mul.Tensor, (ValueRef(i), 1.1), (), (i + 1,)) for i in range(6))
         out = ex.run(Window({0: x}, nodes, {i: s for i in range(7)}, frozenset({6})))
-        torch.testing.assert_close(out[6], x * 1.1 ** 6)
-    assert len(ex.plans) == 0
-    assert not ex.should_defer()
+        policy.note(out.verdict)
+        torch.testing.assert_close(out.values[6], x * 1.1 ** 6)
+    assert len(ex.windows) == policy.novel_patience  # each remembered once ...
+    assert all(h.plan is None for h in ex.windows._lru.values())  # ... and never planned
+    assert not policy.should_defer()
 
 
 def test_compiles_in_flight_pass_ops_through_then_capture_resumes():
@@ -378,41 +384,18 @@ def test_reshaped_windows_stop_deferral_sooner():
     from adaptive_eager import config
     from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
     from adaptive_eager.runtime import make_executor
-    from adaptive_eager.runtime.passthrough import RESHAPED_WEIGHT
+    from adaptive_eager.runtime.adapt import RESHAPED_WEIGHT
 
-    ex = make_executor(config.resolve(backend="eager"), session.counters())
+    opts = config.resolve(backend="eager")
+    ex = make_executor(opts, session.counters())
+    policy = DeferPolicy.for_options(opts, session.counters())
     aten = torch.ops.aten
-    needed = 1 + -(-(ex.defer.novel_patience - 1) // RESHAPED_WEIGHT)
+    needed = 1 + -(-(policy.novel_patience - 1) // RESHAPED_WEIGHT)
     for n in range(1, needed + 1):
-        assert ex.should_defer()
+        assert policy.should_defer()
         x = torch.randn(n, 3)
         s = TensorSpec.of(x)
         nodes = tuple(OpNode(aten.mul.Tensor, (ValueRef(i), 1.1), (), (i + 1,)) for i in range(6))
-        ex.run(Window({0: x}, nodes, {i: s for i in range(7)}, frozenset({6})))
-    assert needed < ex.defer.novel_patience // 4
-    assert not ex.should_defer()
-
-
-def test_waiting_for_a_worker_compile_lends_one_intra_op_thread(monkeypatch):
-    """Note [Sharing the cores with the compile worker]: one thread fewer while waiting,
-    the program's count back when the wait ends or the block exits."""
-    from adaptive_eager.runtime.compiled import ThreadShare
-
-    n = torch.get_num_threads()
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(max(n, 2))), raising=False)
-    torch.set_num_threads(max(n, 2))
-    try:
-        t = ThreadShare(True)
-        full = torch.get_num_threads()
-        t.waiting(True)
-        assert torch.get_num_threads() == full - 1
-        t.waiting(False)
-        assert torch.get_num_threads() == full
-        t.waiting(True)
-        torch.set_num_threads(full + 1)  # the program changed it meanwhile: left alone
-        t.restore()
-        assert torch.get_num_threads() == full + 1
-        ThreadShare(False).waiting(True)
-        assert torch.get_num_threads() == full + 1
-    finally:
-        torch.set_num_threads(n)
+        policy.note(ex.run(Window({0: x}, nodes, {i: s for i in range(7)}, frozenset({6}))).verdict)
+    assert needed < policy.novel_patience // 4
+    assert not policy.should_defer()

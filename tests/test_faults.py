@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import adaptive_eager as ae
 from adaptive_eager import session
-from adaptive_eager.dispatch import DeferredError, LazyTensor
+from adaptive_eager.dispatch import LazyTensor
 
 @pytest.fixture(autouse=True)
 def _fresh_sessions():
@@ -82,8 +82,9 @@ def test_keyboard_interrupt_during_flush(monkeypatch):
             y = torch.ones(3) + 1
             y.tolist()                   # the flush is interrupted
     _no_modes_left()
-    with pytest.raises(DeferredError):
-        y.tolist()                       # its window never ran: says so, does not hang
+    # the window was finished before the interrupt reached the program (Note [A failed
+    # flush loses no work]): what the program computed before it is readable
+    assert y.tolist() == [2.0, 2.0, 2.0]
     with ae.adaptive_eager(**opts):     # the session still works
         assert (torch.ones(2) * 3).tolist() == [3.0, 3.0]
     _no_modes_left()

@@ -1,4 +1,5 @@
-"""The report's text, from hand-made statistics (no runtime needed)."""
+"""The report: its text from hand-made statistics, and what the runtime records for it
+(sync labels, the program's line, fallback rows)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def test_headline_numbers():
     text = format_report(_stats())
     assert "1,200" in text and "75% fused" in text and "hit rate 92%" in text
     assert "2.50 s" in text and "regions compiled   3" in text
+
+
+def test_compiles_finished_in_flight_and_failed_are_told_apart():
+    text = format_report(_stats(regions_compiled=0, compile_time_s=0.0, compiles_in_flight=2,
+                                compile_failures=1))
+    assert "0 finished (0.00 s), 2 in flight, 1 failed" in text
+    assert "not timed" in text
 
 
 def test_routine_sites_are_not_advised():
@@ -81,5 +89,343 @@ def test_fallback_advice_uses_fallback_meanings():
                                  "aten::mul_": ("aliased_inputs",)})
     text = " ".join(format_report(s).split("Fallback ops")[1].split())  # undo wrapping
     assert "exact numbers); nothing to change" in text   # random ops are eager on purpose
-    assert "runs eagerly from now on" in text            # a failed region
+    assert "could not compile the region" in text        # a failed region
     assert "views of one tensor" in text
+
+
+# -- what the runtime records: labels and blame (Note [Whose line is it]) -------------------
+
+import inspect  # noqa: E402
+import warnings  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import adaptive_eager as ae  # noqa: E402
+
+from helpers import mode  # noqa: E402
+
+
+def _line_of(fn, text: str) -> str:
+    """``"file:line"`` of the line of ``fn`` that contains ``text``."""
+    lines, start = inspect.getsourcelines(fn)
+    n = next(i for i, code in enumerate(lines) if text in code)
+    return f"{inspect.getsourcefile(fn)}:{start + n}"
+
+
+def test_numpy_memmap_loop_blames_the_programs_line(tmp_path):
+    path = tmp_path / "tokens.bin"
+    np.arange(512, dtype=np.uint16).tofile(path)
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+    w = torch.randn(8)
+
+    def loop():
+        with mode():
+            for _ in range(2):
+                ix = torch.randint(len(data) - 8, (4,)) * 1
+                x = torch.stack([torch.from_numpy(data[i:i + 8].astype(np.int64)) for i in ix])
+                (x.float() * w).sum()
+
+    loop()
+    sites = ae.stats().sync_sites
+    here = _line_of(loop, "torch.from_numpy")
+    assert any(s.startswith(here + " ") for s in sites), sites
+    assert not any("numpy" + __import__("os").sep in s for s in sites), sites
+
+
+def test_a_warning_keeps_the_programs_line():
+    x = torch.randn(4)
+    torch.storage._always_warn_typed_storage_removal = True  # torch warns once otherwise
+
+    def read():
+        with mode():
+            y = x * 2  # pending: .storage() below reads through the runtime
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                x.storage()
+            y.sum()
+        return caught
+
+    try:
+        caught = read()
+    finally:
+        torch.storage._always_warn_typed_storage_removal = False
+    assert caught, "no warning"
+    w = caught[0]
+    assert f"{w.filename}:{w.lineno}" == _line_of(read, "x.storage()"), (w.filename, w.lineno)
+
+
+def test_a_warning_filtered_as_error_still_raises_at_the_call():
+    x = torch.randn(4)
+    torch.storage._always_warn_typed_storage_removal = True
+    try:
+        with mode(), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(UserWarning, match="TypedStorage is deprecated"):
+                x.storage()
+    finally:
+        torch.storage._always_warn_typed_storage_removal = False
+
+
+def test_a_branch_on_a_tensor_is_bool_not_item():
+    x = torch.randn(16)
+    with mode():
+        acc = (x * 2).mean()
+        if acc > 0.5:
+            pass
+        while (acc * 0) > 1:
+            pass
+        _ = (x * 3).sum().item()
+    s = ae.stats()
+    assert s.flushes.get("bool") == 2 and s.flushes.get("item") == 1, s.flushes
+    text = ae.report()
+    assert "[bool]" in text and "Python branches on a tensor" in text
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_integer_gathers_are_recorded_not_data_dependent(device):
+    x = torch.randn(2, 6, 4, device=device)
+    idx = torch.tensor([1, 3, 5], device=device)
+
+    def gathers(x):
+        y = x * 2
+        a = y[:, idx]              # an int64 index tensor
+        b = y[:, [-1], :]          # an integer list (generation loops: the last token)
+        c = y[0][[0, 2]]
+        return (a.sum() + b.sum() + c.sum()) * 1
+
+    expected = gathers(x)
+    ae.reset_stats()
+    with mode(device=device):
+        actual = gathers(x)
+    s = ae.stats()
+    assert "data_dependent" not in s.flushes, s.flushes
+    assert not s.fallback_ops, s.fallback_ops
+    torch.testing.assert_close(actual, expected)
+
+
+def test_boolean_mask_indexing_stays_a_data_dependent_sync():
+    x = torch.randn(16)
+    with mode():
+        y = (x * 2)[x > 0]
+    assert ae.stats().flushes.get("data_dependent") == 1
+    assert torch.equal(y, (x * 2)[x > 0])
+    assert "aten::index.Tensor" in ae.stats().fallback_ops
+
+
+def test_integer_gathers_fuse_in_compiled_regions():
+    from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef
+    from adaptive_eager.fusion.policy import OpSupport
+
+    aten = torch.ops.aten
+    x, i, m = torch.randn(8), torch.tensor([1, 2]), torch.ones(8, dtype=torch.bool)
+    specs = {0: TensorSpec.of(x), 1: TensorSpec.of(i), 2: TensorSpec.of(m)}
+    gather = OpNode(aten.index.Tensor, (ValueRef(0), [ValueRef(1)]), (), (3,))
+    masked = OpNode(aten.index.Tensor, (ValueRef(0), [ValueRef(2)]), (), (3,))
+    support = OpSupport()
+    assert support.unsupported(gather, specs) is None
+    assert support.unsupported(masked, specs) == "data_dependent"
+    assert support.unsupported(gather) == "data_dependent"  # no specs: cannot tell
+
+
+def test_out_of_range_index_raises_at_its_line_and_the_window_goes_on():
+    x = torch.arange(4.)
+    with mode():
+        y = x * 2
+        with pytest.raises(IndexError, match="out of bounds"):
+            y[torch.tensor([1, 10])]
+        assert (y + 1).tolist() == [1.0, 3.0, 5.0, 7.0]  # eager: y was computed before
+
+
+@pytest.mark.parametrize("backend, opts", [
+    ("eager", {}),
+    ("aot_eager", {"compile_after": 1, "async_compile": False, "min_region_work": 0}),
+    pytest.param("inductor", {"compile_after": 1, "async_compile": False, "min_region_work": 0},
+                 marks=[pytest.mark.inductor]),
+])
+def test_out_of_range_pending_index_raises_eagers_error(backend, opts):
+    # An index computed in the window (pending, so not checked when recorded) raises
+    # eager's exception type when its window runs: at the flush at the latest.
+    x = torch.randn(64, 300)
+    good, bad = torch.tensor([1, 2]), torch.tensor([1, 70])
+    with pytest.raises(IndexError):
+        (x * 2)[bad]
+    expected = ((x * 2)[good] + 1).sum().item()
+    for step in range(4):  # recurring: the region compiles, is checked, then just called
+        idx = good if step < 3 else bad
+        with mode(backend=backend, **opts):
+            if step < 3:
+                v = ((x * 2)[idx * 1] + 1).sum().item()
+                assert v == pytest.approx(expected, rel=1e-5)
+                continue
+            with pytest.raises(IndexError):
+                ((x * 2)[idx * 1] + 1).sum().item()
+    assert "data_dependent" not in ae.stats().flushes
+
+
+def test_a_handles_storage_warning_keeps_the_programs_line():
+    torch.storage._always_warn_typed_storage_removal = True
+
+    def read():
+        with mode():
+            y = torch.ones(4, requires_grad=True) * 2  # held by autograd: stays a handle
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y.storage()
+        return caught
+
+    try:
+        caught = read()
+    finally:
+        torch.storage._always_warn_typed_storage_removal = False
+    assert [f"{w.filename}:{w.lineno}" for w in caught][:1] == [_line_of(read, "y.storage()")]
+
+
+# -- fallback rows: one naming of ops, the program's line, advice for every reason ---------
+
+def test_fallback_rows_carry_the_programs_line():
+    @torch.library.custom_op("ae_test::triple", mutates_args=())
+    def triple(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    @triple.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    x = torch.randn(1 << 12)
+
+    def loop():
+        for _ in range(3):
+            with mode(compile_after=1):
+                y = triple(x * 2) + 1
+                torch.nonzero(y > 0)
+                y.sum().item()
+
+    loop()
+    s = ae.stats()
+    assert s.fallback_sites["ae_test::triple"].startswith(_line_of(loop, "triple(x * 2)") + " ")
+    assert s.fallback_sites["aten::nonzero"].startswith(_line_of(loop, "torch.nonzero") + " ")
+    text = " ".join(ae.report().split("Fallback ops")[1].split())
+    assert "> y = triple(x * 2) + 1" in text and "> torch.nonzero(y > 0)" in text
+
+
+def test_runtime_fallbacks_use_the_modes_op_names():
+    from adaptive_eager import config
+    from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
+    from adaptive_eager.fusion.policy import OpSupport
+    from adaptive_eager.runtime import Counters
+    from adaptive_eager.runtime.compiled import CompiledExecutor
+
+    aten = torch.ops.aten
+    x = torch.ones(1 << 12)
+    spec = TensorSpec.of(x)
+    w = Window({0: x}, (OpNode(aten.mul.Tensor, (ValueRef(0), 2.0), (), (1,)),
+                        OpNode(aten.nonzero.default, (ValueRef(1),), (), (2,))),
+               {0: spec, 1: spec, 2: spec}, frozenset({2}))
+    counters = Counters()
+    ex = CompiledExecutor(config.resolve(backend="eager", compile_after=1), counters,
+                          support=OpSupport(deny=frozenset({"aten::mul"})))
+    ex.run(w)
+    assert set(counters.fallback_ops) == {"aten::mul.Tensor: unsupported_by_backend",
+                                          "aten::nonzero: data_dependent"}
+    assert aten.mul.Tensor in counters.sources_wanted  # the mode notes its line next time
+
+
+def _reasons_in_source() -> set[str]:
+    """Every reason literal the package records (flushes, fallbacks, region failures)."""
+    import re
+    from pathlib import Path
+
+    import adaptive_eager
+
+    patterns = [
+        r"\.flush\(\"([^\"]+)\"", r"_sync_then_run\([^)]*?\"([^\"]+)\"\)", r"_ae_read\(\"([^\"]+)\"",
+        r"reason=\"([^\"]+)\"", r"unwrap_all\([^)]*\"([^\"]+)\"\)", r"note_fallback\([^,]+, \"([^\"]+)\"",
+        r"\.fail\(entry, f?\"([^\":{]+)", r"False, \"([a-z_]+)\"\)",
+    ]
+    found: set[str] = set()
+    root = Path(adaptive_eager.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for pat in patterns:
+            found.update(m.strip() for m in re.findall(pat, text))
+    policy = (root / "fusion" / "policy.py").read_text()
+    found.update(re.findall(r"return \"([a-z_]+)\"", policy.split("def op_class")[1].split("class RegionSummary")[0]))
+    found.update(f"observe:{n.strip('_')}" for n in __import__(
+        "adaptive_eager.dispatch.observe", fromlist=["_OBSERVERS"])._OBSERVERS.values())
+    from adaptive_eager.dispatch.mode import _SYNC_REASONS
+
+    found.update(_SYNC_REASONS.values())
+    return found - {"pointwise", "matmul", "view", "reduction", "other"}
+
+
+def test_every_reason_has_advice():
+    from adaptive_eager.reasons import advice_for
+
+    reasons = _reasons_in_source()
+    assert {"item", "data_dependent", "exit", "opaque", "compile failed", "aliased_inputs",
+            "observe:storage", "uncapturable", "escaped"} <= reasons, reasons
+    missing = sorted(r for r in reasons if not (advice_for(r) or advice_for(r, fallback=True)))
+    assert not missing, missing
+
+
+# -- strict mode: raise at the program's line --------------------------------------------
+
+def test_strict_raises_at_the_sync_line_naming_it_and_its_advice():
+    x = torch.randn(8)
+
+    def prog():
+        with mode(strict=True):
+            y = x * 2
+            return y.sum().item()
+
+    with pytest.raises(ae.StrictModeError) as info:
+        prog()
+    msg = str(info.value)
+    assert "sync [item] at " + _line_of(prog, ".item()") in msg
+    assert "> return y.sum().item()" in msg and "keep the value as a tensor" in msg
+    # the traceback ends in the program's line, as eager's error would
+    program_frames = [f for f in info.traceback if f.path == __import__("pathlib").Path(__file__)]
+    assert f"{program_frames[-1].path}:{program_frames[-1].lineno + 1}" == _line_of(prog, ".item()")
+
+
+def test_strict_raises_on_a_fallback_op():
+    x = torch.randn(8)
+    with mode(strict=True), pytest.raises(ae.StrictModeError, match=r"fallback of aten::nonzero \[data_dependent\]"):
+        torch.nonzero(x > 0)
+
+
+def test_strict_lets_routine_flushes_and_capturable_code_run():
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    with mode(strict=True, window_size=4):      # full windows: routine
+        for _ in range(2):
+            model(x)[:, [-1]].sum().backward()  # an integer gather: captured
+            opt.step()                          # optimizer step: routine
+            opt.zero_grad()
+        y = x * 2
+    assert torch.equal(y, x * 2)                # block exit: routine
+
+
+def test_strict_is_an_option():
+    from adaptive_eager import config
+
+    assert config.resolve(environ={"ADAPTIVE_EAGER_STRICT": "1"}).strict is True
+    assert config.resolve().strict is False
+
+
+def test_whose_line_classification():
+    import multiprocessing.queues
+
+    from adaptive_eager.benchmarks.workloads import pointwise
+    from adaptive_eager.dispatch import source
+
+    assert source.classify(multiprocessing.queues.__file__) == "stdlib"   # DataLoader's queue
+    assert source.classify(np.__file__) == "library"
+    assert source.classify(torch.__file__) == "internal"
+    assert source.classify(source.__file__) == "internal"
+    assert source.classify(__file__) == "program"
+    assert source.classify("<stdin>") == "program"
+    assert source.classify(pointwise.__file__) == "program"  # benchmark workloads are programs

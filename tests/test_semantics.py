@@ -598,7 +598,7 @@ def test_deep_parked_inference_comes_back_when_the_policy_probes():
     m = torch.nn.Linear(8, 8)
     with torch.no_grad(), ae.adaptive_eager(backend="eager"):
         mode = session.current_mode()
-        policy = mode._policy
+        policy = mode.policy
         for _ in range(30):
             (m(torch.randn(4, 8)).relu() * 2 + 1).sum().item()
         observe = _stack()[-1][1]

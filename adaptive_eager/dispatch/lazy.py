@@ -286,7 +286,10 @@ class LazyTensor(torch.Tensor):
         return self._ae_expose("storage", "untyped_storage")
 
     def storage(self) -> Any:  # type: ignore[override]
-        return self._ae_expose("storage", "storage")
+        from .source import warnings_at_user_line  # noqa: PLC0415 - source imports torch's dirs
+
+        with warnings_at_user_line():  # torch's deprecation names its caller: this line
+            return self._ae_expose("storage", "storage")
 
     def _typed_storage(self) -> Any:
         return self._ae_expose("storage", "_typed_storage")

@@ -223,7 +223,9 @@ class MetaMemo:
 
         self._cache = _LRU(maxsize=maxsize)
         self._sids: dict[TensorSpec, int] = {}
-        self._specs: list[TensorSpec] = []
+        self._next_sid = 0
+        # Note [Bounded spec interning]: at most this many specs are interned at once.
+        self.max_specs = max(1024, 4 * maxsize)
 
     def get(self, key: Any) -> MetaResult | None:
         r = self._fast.get(key)
@@ -237,15 +239,26 @@ class MetaMemo:
             self._cache[key] = result
             self._fast[key] = result
 
+    # Note [Bounded spec interning]
+    # A program that takes views at ever new offsets (90,000 distinct slices) made the
+    # interner grow without bound (RSS +18 MiB, issue 15 item 18) although the memo is an
+    # LRU. Evicting one spec would mean finding every key that holds its id, so the
+    # interner is bounded by generations instead: when it holds ``max_specs`` specs, it
+    # and the memo are emptied together. Ids are never reused (a counter, not the size),
+    # so an id still held by an open window's values, or by a key built from them,
+    # stands for its spec alone and can only miss, never match another spec's entry.
+    # Steady-state programs intern a few hundred specs and never reach the bound.
     def intern(self, spec: TensorSpec) -> int:
-        """A small int standing for ``spec`` in memo keys (stable for the memo's life)."""
+        """A small int standing for ``spec`` in memo keys (never reused for another spec)."""
         sid = self._sids.get(spec)
         if sid is None:
             with self._lock:
                 sid = self._sids.get(spec)
                 if sid is None:
-                    sid = self._sids[spec] = len(self._specs)
-                    self._specs.append(spec)
+                    if len(self._sids) >= self.max_specs:
+                        self._clear_locked()
+                    sid = self._sids[spec] = self._next_sid
+                    self._next_sid += 1
         return sid
 
     def learn_layout(self, func: Any) -> None:
@@ -258,6 +271,16 @@ class MetaMemo:
             for key in [k for k in self._fast if k[0] is func]:
                 self._fast.pop(key, None)
                 self._cache.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every memoized result and interned spec (ids are not reused)."""
+        with self._lock:
+            self._clear_locked()
+
+    def _clear_locked(self) -> None:
+        self._fast.clear()
+        self._cache.clear()
+        self._sids = {}
 
     def __len__(self) -> int:
         return len(self._fast)

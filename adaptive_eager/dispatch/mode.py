@@ -33,14 +33,18 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
+from .._logging import artifact_logger, warn_once
 from ..config import Options
-from ..fusion.policy import without_dropout
-from ..runtime import Counters, Executor
-from .exported import Exported
+from ..reasons import ROUTINE_REASONS, STRICT_FALLBACKS, StrictModeError
+from ..fusion.policy import fixed_shape_call, without_dropout
+from ..runtime import Counters, DeferPolicy, Executor
 from .lazy import _TLS as _LAZY_TLS
+from .exported import Exported
 from .lazy import LazyTensor, bind, hold_memory, unwrap_all
+from ..runtime.recovery import finish
+from .interrupts import critical
 from .meta import MetaFailure, MetaMemo
-from .optable import Kind, OpTable, OpTraits
+from .optable import Kind, OpTable, OpTraits, raise_if_out_of_range
 from .recorder import OutputMismatch, Recorder
 from .release import release
 from .source import user_source
@@ -49,6 +53,8 @@ _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _get_infra_mode = torch._C._get_dispatch_mode
 
 log = logging.getLogger("adaptive_eager")
+_FLUSH_LOG = artifact_logger("ae_flushes")
+_PARK_LOG = artifact_logger("ae_parking")
 aten = torch.ops.aten
 _PLAIN_DISPATCH = torch._C._disabled_torch_dispatch_impl
 _RUN_NOW_VIEWS = {aten.lift_fresh.default}
@@ -91,17 +97,24 @@ class AdaptiveEagerMode(TorchDispatchMode):
     """
 
     def __init__(self, options: Options, executor: Executor, counters: Counters,
-                 table: OpTable | None = None, memo: MetaMemo | None = None):
+                 policy: DeferPolicy | None = None, table: OpTable | None = None,
+                 memo: MetaMemo | None = None):
         super().__init__()
         self.options = options
         self.executor = executor
         self.counters = counters
+        # The session's pass-through policy (runtime.adapt): fed each window's verdict,
+        # asked before each new window. None: always defer.
+        self.policy = policy if policy is not None else DeferPolicy(enabled=False)
         self.device_type = options.device
         self.table = table if table is not None else OpTable()
         self._traits = self.table._traits  # read-only fast path; OpTable fills it
-        self._should_defer = getattr(executor, "should_defer", None)
-        self._policy = getattr(executor, "defer", None)  # DeferPolicy: its warm-up
+        self._should_defer = self.policy.should_defer  # hot: asked on every torch call
         self._parked = False
+        # Set by ObserveMode while a Python-level scalar read runs (Note [A branch on a
+        # tensor is a bool read], observe.py): what the sync of its scalar is called.
+        self.read_reason: str | None = None
+        self._strict = options.strict
         self._dynamo_seen = False  # Note [torch.compile inside the block] (dynamo.py)
         # Told True when the mode parks and False when it unparks (the session watches
         # for safe points meanwhile: Note [Deep parking at module calls], session.py).
@@ -137,7 +150,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 return NotImplemented
         if getattr(_LAZY_TLS, "suspended", 0):
             return self._run_real(func, args, kwargs)
-        if not self.recorder.nodes and self._should_defer is not None and not self._should_defer():
+        if not self.recorder.nodes and not self._should_defer():
             # The policy found nothing worth deferring lately: run straight through
             # (probing again now and then; runtime.passthrough). Nothing is pending, so
             # every handle is bound and unwraps itself.
@@ -175,6 +188,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
         if not self._parked and _current_dispatch_mode() is self:
             _pop_mode()
             self._parked = True
+            if _PARK_LOG.isEnabledFor(logging.DEBUG):
+                _PARK_LOG.debug("parked (ops pass straight through): %s",
+                                self.policy.reason or "pass-through policy")
             self.release_handles()
             if self.on_park is not None:
                 self.on_park(True)
@@ -221,16 +237,20 @@ class AdaptiveEagerMode(TorchDispatchMode):
 
     def end_warmup(self, why: str, source: str | None) -> None:
         """The program's first iteration ended (Note [The first iteration runs eagerly])."""
-        policy = self._policy
-        if policy is not None and policy.end_warmup():
-            self.counters.warmup_ended = f"{why} at {source}" if source else why
-            log.debug("warm-up ended: %s at %s; capturing from now", why, source)
+        if self.policy.end_warmup():
+            if source is None:
+                source = user_source(2)  # e.g. the program's opt.step() line
+            self.counters.warmup_ended = f"{why} at {source}"
+            _PARK_LOG.debug("warm-up ended: %s at %s; capturing from now", why, source)
 
     def unpark(self) -> None:
         """Back on the dispatch-mode stack (capturing again)."""
         if self._parked:
             _push_mode(self)
             self._parked = False
+            if _PARK_LOG.isEnabledFor(logging.DEBUG):
+                _PARK_LOG.debug("unparked: capturing again (a probe, or compiles finished) at %s",
+                                user_source(2))
             if self.on_park is not None:
                 self.on_park(False)
 
@@ -265,9 +285,39 @@ class AdaptiveEagerMode(TorchDispatchMode):
             restride_all((args, kwargs))  # Note [In-place metadata changes]
             return out
         self.counters.ops_captured += 1
+        if traits.want_source:
+            self._note_source(func)
         if len(self.recorder) >= self.options.window_size:
             self.flush("window_full")
         return out
+
+    def _fallback(self, func: Any, reason: str) -> None:
+        source = user_source(3)
+        if self._strict:
+            raise StrictModeError.at("fallback", reason, source, func.name())
+        self.counters.note_fallback(func.name(), reason, source)
+
+    def _note_source(self, func: Any) -> None:
+        """An op that fell back in an earlier window: note the program's line that issues it
+        (once; the report's fallback rows show it). Costs nothing once noted."""
+        source = self.counters.fallback_sites.setdefault(func.name(), user_source(3))
+        self.table.want_source(func, False)
+        if self._strict:
+            reasons = [k.partition(": ")[2] for k in self.counters.fallback_ops
+                       if k.startswith(func.name() + ": ")]
+            bad = [r for r in reasons if r in STRICT_FALLBACKS]
+            if bad:  # its first window ran already: raise where it is issued again
+                raise StrictModeError.at("fallback", bad[0], source, func.name())
+
+    def _want_sources(self) -> None:
+        wanted = self.counters.sources_wanted
+        while wanted:
+            try:
+                func, _ = wanted.popitem()
+            except KeyError:  # another thread's mode took the last one
+                break
+            if hasattr(func, "_schema"):
+                self.table.want_source(func)
 
     def _on_view(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
         # Note [Views of real tensors are recorded]
@@ -285,13 +335,20 @@ class AdaptiveEagerMode(TorchDispatchMode):
             func(*_to_meta(args), **_to_meta(kwargs))
 
     def _on_sync(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
+        if traits.when_fixed is not None and fixed_shape_call(func, args, _dtype_of):
+            # Note [Integer indexing is not data-dependent] (fusion/policy.py)
+            raise_if_out_of_range(func, args)
+            return self._on_record(func, traits.when_fixed, args, kwargs)
         # Reading a scalar (.item(), bool()) is a sync, not an op that failed to fuse.
         if traits.reason in ("data_dependent", "no_meta_kernel", "metadata_mutation") and \
                 func._schema.name not in _SYNC_REASONS:
-            self.counters.note_fallback(func.name(), traits.reason)
+            self._fallback(func, traits.reason)
         from .lazy import restride_all  # noqa: PLC0415 - only on this rare path
 
-        out = self._sync_then_run(func, args, kwargs, _sync_reason(func, traits))
+        reason = _sync_reason(func, traits)
+        if reason == "item" and self.read_reason is not None:
+            reason = self.read_reason
+        out = self._sync_then_run(func, args, kwargs, reason)
         if traits.reason == "metadata_mutation":
             restride_all((args, kwargs))  # Note [In-place metadata changes]
         return out
@@ -362,13 +419,14 @@ class AdaptiveEagerMode(TorchDispatchMode):
             if _has_unbound(tensors) or any(self.recorder.vid_of(t) is not None for t in tensors):
                 self.flush(failure.reason, user_source(3))
             return self._run_real(func, args, kwargs)
-        if not failure.marks_op:  # valid, but its result cannot be a handle
-            return self._sync_then_run(func, args, kwargs, "uncapturable")
+        if not failure.marks_op:  # valid but not deferrable, or eager raises: run it now
+            return self._sync_then_run(func, args, kwargs,
+                                       getattr(failure, "sync_reason", "uncapturable"))
         self.flush("no_meta_kernel")
         out = self._run_real(func, args, kwargs)
         log.debug("no meta kernel for %s (%s); it syncs from now on", func, failure)
         self.table.mark_no_meta(func)
-        self.counters.note_fallback(func.name(), "no_meta_kernel")
+        self._fallback(func, "no_meta_kernel")
         return out
 
     # -- running for real -------------------------------------------------------------
@@ -402,64 +460,101 @@ class AdaptiveEagerMode(TorchDispatchMode):
         # profiler range) must not reach ObserveMode, which, the window being sealed,
         # would see nothing pending and park the mode mid-flush (a flush from an
         # optimizer hook or a handle's read runs with torch functions enabled).
-        with self.lock, torch._C.DisableTorchFunction():
+        with self.lock, torch._C.DisableTorchFunction(), critical():
             rec = self.recorder
             if len(rec) == 0:
                 return
             if source is None:
                 source = user_source(2)
             sliced = None
+            vids = None
             if targets is not None:
                 vids = [v for v in (rec.vid_of(t) for t in targets) if v is not None]
-                if vids:
-                    sliced = rec.take_slice(vids, reason, source)
-                elif not any(type(t) is LazyTensor for t in targets):
+                if not vids and not any(type(t) is LazyTensor for t in targets):
                     return  # plain tensors no pending op touches: their values are current
+            if self._strict and reason not in ROUTINE_REASONS:
+                raise StrictModeError.at("sync", reason, source)  # nothing run: like eager's line
+            if vids:
+                sliced = rec.take_slice(vids, reason, source)
+            failed = rec.failed  # values of earlier slices that failed (Note [A failed flush ...])
             if sliced is not None:
                 window, live = sliced
             else:
                 window, live = rec.seal(reason, source)
-            self.counters.note_flush(reason, source)
-            self.counters.windows += 1
-            log.debug("flush %s: %d ops at %s%s", reason, len(window), source,
-                      " (partial)" if sliced is not None else "")
+            error = None
             try:
+                self.counters.note_flush(reason, source)
+                self.counters.windows += 1
+                _FLUSH_LOG.debug("flush %s: %d ops at %s%s", reason, len(window), source,
+                                 " (partial)" if sliced is not None else "")
+                if failed:
+                    raise _EarlierFailure
                 if torch.autograd.profiler._is_profiler_enabled:
                     # The range's own ops only while profiling: they reach this mode.
                     with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
-                        values = self.executor.run(window)
+                        result = self.executor.run(window)
                 else:
-                    values = self.executor.run(window)
-            except BaseException as e:
-                for h in live:
-                    h._ae_error = e
-                raise
+                    result = self.executor.run(window)
+                values = result.values
+                self.policy.note(result.verdict)  # the session's policy decides (runtime.adapt)
+                errors: Any = _NO_ERRORS
+            except BaseException as e:  # noqa: BLE001 - Note [A failed flush loses no work]
+                values, errors, error = self._finish(window, live, e, failed)
             self.counters.ops_executed += len(window)
+            if self.counters.sources_wanted:
+                self._want_sources()
             if sliced is None:
                 self._remember_bound(live)
             for h in live:
-                real = bind(h, values[h._ae_vid])  # Note [Bound handles hold their memory]
+                vid = h._ae_vid
+                real = values.get(vid)
+                if real is None:
+                    h._ae_error = errors.get(vid, error) or _lost(vid)
+                    continue
+                bind(h, real)  # Note [Bound handles hold their memory] (lazy.py)
                 spec = h._ae_spec
-                if real.stride() != spec.stride or real.shape != spec.shape:
-                    # Note [Meta disagrees with the kernel]: a few meta kernels promise other
-                    # strides (linalg.eig, fft.rfftn, svd_lowrank) or shapes (native_batch_norm's
-                    # saved stats in eval) than the CPU kernel returns; the handle shows the real.
-                    from .lazy import restride  # noqa: PLC0415 - rare path
-
-                    restride(h)
+                if real.stride() != spec.stride or real.shape != spec.shape or real.dtype != spec.dtype:
+                    _disagrees(h, real)
                     if real.shape != spec.shape or any(
                             n > 1 and a != b for n, a, b in zip(spec.shape, real.stride(), spec.stride)):
                         # Note [Layouts only the kernel knows] (meta.py): ask its kernel next time.
                         self.memo.learn_layout(next((n.target for n in window.nodes
-                                                     if h._ae_vid in n.outputs), None))
+                                                     if vid in n.outputs), None))
             if sliced is not None:
-                rec.adopt(values)
+                rec.adopt(values, errors)
+            if error is not None:
+                raise error
+
+    def _finish(self, window: Any, live: list, error: BaseException,
+                failed: dict) -> tuple[Any, Any, BaseException | None]:
+        """Running ``window`` raised ``error``: finish it eagerly (runtime.recovery).
+
+        Returns the values computed, the values that failed and the error to raise.
+        """
+        cause = None if isinstance(error, _EarlierFailure) else error
+        try:
+            done = finish(window, cause, failed)
+        except BaseException as again:  # interrupted again while finishing: nothing more runs
+            for h in live:
+                if h._ae_real is None and h._ae_error is None:
+                    h._ae_error = again
+            raise
+        if done.error is None and cause is not None:
+            warn_once(f"flush-failed:{type(cause).__name__}",
+                      "adaptive_eager: running a window failed (%s: %s); it ran eagerly instead",
+                      type(cause).__name__, cause)
+        return done.values, done.errors, done.error
 
     def materialize(self, handle: LazyTensor, reason: str) -> torch.Tensor:
         """Owner protocol: flush so that ``handle`` is bound, and return its tensor."""
         self.flush(reason, user_source(3), targets=(handle,))
         real = handle._ae_real
         if real is None:
+            if handle._ae_error is None:
+                # Not bound by the flush and no error: its window is gone (a bug, or a
+                # handle of another mode's window). Say so rather than ask again forever.
+                handle._ae_error = RuntimeError(
+                    "adaptive_eager: this tensor's window was flushed without it (internal error)")
             return handle._ae_materialize(reason)  # raises with the recorded error
         return real
 
@@ -485,6 +580,10 @@ def _sync_reason(func: Any, traits: OpTraits) -> str:
     return _SYNC_REASONS.get(func._schema.name, traits.reason or "sync")
 
 
+def _dtype_of(obj: Any) -> torch.dtype | None:
+    return obj.dtype if isinstance(obj, torch.Tensor) else None
+
+
 def _to_meta(obj: Any) -> Any:
     if isinstance(obj, LazyTensor) and obj._ae_real is None:
         s = obj._ae_spec
@@ -496,6 +595,37 @@ def _to_meta(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _to_meta(v) for k, v in obj.items()}
     return obj
+
+
+_NO_ERRORS: dict = {}
+
+
+class _EarlierFailure(Exception):
+    """The window reads values of an earlier window that could not be computed."""
+
+
+def _lost(vid: int) -> BaseException:
+    return RuntimeError(f"adaptive_eager internal error: value %{vid} of a flushed window was "
+                        "neither computed nor failed")
+
+
+def _disagrees(h: LazyTensor, real: torch.Tensor) -> None:
+    # Note [Meta disagrees with the kernel]: a few meta kernels promise other strides
+    # (linalg.eig, fft.rfftn, svd_lowrank) or shapes (native_batch_norm's saved stats in
+    # eval) than the CPU kernel returns; the handle shows the real tensor's. A dtype
+    # cannot be changed in place, and the program may have read the promised one: the
+    # handle fails with an error that says so, rather than hold another dtype's values.
+    if real.dtype != h._ae_spec.dtype:
+        h._ae_real = None
+        h._ae_error = RuntimeError(
+            f"adaptive_eager: the kernel returned {real.dtype} where capture promised "
+            f"{h._ae_spec.dtype} (a global setting changed through a path the runtime does "
+            "not see? Note [Global state that kernels read])")
+        log.warning("adaptive_eager: %s", h._ae_error)
+        return
+    from .lazy import restride  # noqa: PLC0415 - rare path
+
+    restride(h)
 
 
 def _tensors(args: tuple, kwargs: dict) -> list:

@@ -28,7 +28,7 @@ from .direct import HANDLERS
 from .exported import note_export
 from .lazy import suspended
 from .mode import AdaptiveEagerMode, _tensors
-from .source import called_by_user, user_source
+from .source import called_by_user, user_source, warnings_at_user_line
 
 _current_function_mode = torch.overrides._get_current_function_mode
 _pop_function_mode = torch._C._pop_torch_function_stack
@@ -50,8 +50,6 @@ _OBSERVERS = {
     )
     if hasattr(torch.Tensor, name)
 }
-# Torch functions handled in their own way (Note [Behind the dispatcher], direct.py).
-_OBSERVERS.update({func: "direct" for func in HANDLERS})
 
 
 # Reads that end the eager warm-up (Note [The first iteration runs eagerly]): the
@@ -61,6 +59,16 @@ _READS = {**_OBSERVERS, **{
     getattr(torch.Tensor, name): name
     for name in ("item", "__bool__", "__float__", "__int__", "__index__", "cpu")
 }}
+
+# Note [A branch on a tensor is a bool read]
+# `if t:`, `while t:`, `t and u` call Tensor.__bool__, whose ATen op is the same
+# _local_scalar_dense as .item()'s (is_nonzero is a composite op, decomposed before the
+# dispatch mode sees it). Only here, at the Python level, are the two told apart: the
+# mode is told which read it is while the call runs, and names the sync after it.
+_SCALAR_READS = {torch.Tensor.__bool__: "bool"}
+# Torch functions handled in their own way (Note [Behind the dispatcher], direct.py).
+_OBSERVED = {**_OBSERVERS, **{func: "direct" for func in HANDLERS}}
+_ROUTES = {**_OBSERVED, **_SCALAR_READS}  # one lookup per torch call for all
 
 _COPYING_OBSERVERS = {"__repr__", "__format__", "tolist", "__reduce_ex__", "__deepcopy__", "__getstate__"}
 
@@ -108,13 +116,13 @@ class ObserveMode(TorchFunctionMode):
             # Fast path: parked means nothing is pending in this thread, so no read
             # needs a flush, and ops pass straight through unless the policy probes.
             if not mode._should_defer():
-                policy = mode._policy
+                policy = mode.policy
                 if policy is not None and policy.warming and func in _READS \
                         and called_by_user(1):
                     # Note [The first iteration runs eagerly]: the program's read ends it
                     # (torch's own, like an optimizer reading its step count, does not).
                     mode.end_warmup(f"observe:{_READS[func].strip('_')}", user_source(2))
-                name = _OBSERVERS.get(func)
+                name = _OBSERVED.get(func)
                 if name is None:
                     return func(*args, **kwargs) if kwargs else func(*args)
                 # Nothing is pending, but exports are remembered and handles unwrapped.
@@ -125,8 +133,15 @@ class ObserveMode(TorchFunctionMode):
         if should_defer is not None and not mode.recorder.nodes:
             if not should_defer():
                 mode.park()  # Note [Parking the mode]
-        name = _OBSERVERS.get(func)
+        name = _ROUTES.get(func)
         if name is not None:
+            read = _SCALAR_READS.get(func)
+            if read is not None:
+                mode.read_reason = read  # Note [A branch on a tensor is a bool read]
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    mode.read_reason = None
             return self._observe(name, func, args, kwargs)
         return func(*args, **kwargs)
 
@@ -141,7 +156,8 @@ class ObserveMode(TorchFunctionMode):
             self.mode.flush(f"observe:{name.strip('_')}", user_source(3), targets=targets)
         # The read itself runs ops (numpy() and storage() detach, repr formats):
         # on real tensors, for real, or it would read a handle's empty storage.
-        with suspended():
+        # Note [Warnings keep the program's line] (source.py)
+        with suspended(), warnings_at_user_line():
             out = func(*args, **kwargs)
             if name not in _COPYING_OBSERVERS:
                 note_export(name, args[0], out)  # Note [Exported memory]

@@ -26,13 +26,14 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..fusion.policy import dropout_arg
+from ..fusion.policy import FIXED_SHAPE_IF_INTEGER_INDICES, data_dependent, dropout_arg
 
 aten = torch.ops.aten
 
@@ -64,6 +65,13 @@ class OpTraits:
     # RANDOM ops with a ``dropout_p`` argument (the SDPA kernels): its position or name.
     # With dropout_p == 0 they draw nothing and are recorded like any op.
     dropout_arg: int | str | None = None
+    # Data-dependent SYNC ops whose calls may have a fixed output shape all the same
+    # (fusion.policy.fixed_shape_call, Note [Integer indexing is not data-dependent]):
+    # the traits such a call is recorded with.
+    when_fixed: "OpTraits | None" = None
+    # The op fell back to eager in a flushed window: its next recording notes the
+    # program's line for the report (AdaptiveEagerMode._note_source), then this is cleared.
+    want_source: bool = False
 
 
 # Ops that answer from metadata alone, though they return Python values.
@@ -85,20 +93,6 @@ _METADATA_MUTATING = {
     "aten::transpose_", "aten::squeeze_", "aten::unsqueeze_", "aten::swapdims_",
     "aten::swapaxes_", "aten::_resize_output_", "aten::detach_", "aten::_coalesced_",
     "aten::sparse_resize_", "aten::sparse_resize_and_clear_", "aten::share_memory_",
-}
-
-# Ops with data-dependent results or effects not flagged by tags.
-_DATA_DEPENDENT = {
-    "aten::nonzero", "aten::nonzero_static", "aten::nonzero_numpy", "aten::masked_select",
-    "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim",
-    "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::argwhere",
-    "aten::repeat_interleave", "aten::_assert_async", "aten::_assert_scalar",
-    "aten::_print", "aten::_local_scalar_dense", "aten::item", "aten::equal",
-    "aten::is_nonzero", "aten::allclose", "aten::to_sparse", "aten::_to_sparse",
-    "aten::histc", "aten::bincount", "aten::histogram", "aten::_histogramdd_bin_edges",
-    "aten::record_stream", "aten::_assert_tensor_metadata", "aten::_functional_assert_async",
-    "aten::_make_dep_token", "aten::_sparse_coo_tensor_with_dims_and_tensors",
-    "aten::_pin_memory", "aten::pin_memory", "aten::is_pinned",
 }
 
 # In-place random ops whose result does not depend on the values they overwrite,
@@ -128,10 +122,17 @@ def derive_traits(func: torch._ops.OpOverload) -> OpTraits:
         return OpTraits(Kind.METADATA)
     if name in _METADATA_MUTATING:
         return OpTraits(Kind.SYNC, reason="metadata_mutation")
+    if data_dependent(func):  # one list, shared with fusion (Note [One list of data-dependent ops])
+        fixed = _schema_traits(func) if name in FIXED_SHAPE_IF_INTEGER_INDICES else None
+        return OpTraits(Kind.SYNC, reason="data_dependent", when_fixed=fixed)
+    return _schema_traits(func)
+
+
+def _schema_traits(func: torch._ops.OpOverload) -> OpTraits:
+    """Traits from the schema's returns, aliasing and tags (not the op lists)."""
+    schema = func._schema
+    name = schema.name
     tags = func.tags
-    if name in _DATA_DEPENDENT or torch.Tag.dynamic_output_shape in tags or \
-            torch.Tag.data_dependent_output in tags:
-        return OpTraits(Kind.SYNC, reason="data_dependent")
     if not all(_is_tensor_type(r.type) for r in schema.returns):
         return OpTraits(Kind.SYNC, reason="non_tensor_output")
 
@@ -165,6 +166,28 @@ def derive_traits(func: torch._ops.OpOverload) -> OpTraits:
     return OpTraits(kind, tuple(mutated), tuple(return_alias), is_view=is_view)
 
 
+def raise_if_out_of_range(func: torch._ops.OpOverload, args: tuple) -> None:
+    """Raise eager's error now when a gather's real CPU index is out of range.
+
+    Recorded, an index out of range would raise only at the flush, and the whole window
+    would fail with it; eager raises at the op's line, before anything after it runs.
+    Real CPU indices (data, ``torch.tensor``, Python lists) cost a min/max to check;
+    indices that are pending themselves (or on a device) are checked when the op runs.
+    """
+    base, indices = args[0], args[1]
+    shape = base.shape
+    with torch._C.DisableTorchFunction():
+        for dim, idx in enumerate(indices):
+            if type(idx) is not torch.Tensor or idx.device.type != "cpu" or not idx.numel() \
+                    or dim >= len(shape):
+                continue
+            lo, hi = torch.aminmax(idx)
+            if int(lo) < -shape[dim] or int(hi) >= shape[dim]:
+                # The real op on a stand-in of the base's shape (no data) raises eager's error.
+                stand_in = torch.empty((), dtype=base.dtype).expand(shape)
+                func(stand_in, *args[1:])
+
+
 class OpTable:
     """Memoized :func:`derive_traits`, plus ops learned at run time to lack a meta kernel."""
 
@@ -177,9 +200,13 @@ class OpTable:
             t = self._traits[func] = derive_traits(func)
         return t
 
+    def want_source(self, func: Any, wanted: bool = True) -> None:
+        """Set (or clear) ``want_source`` on ``func``'s traits."""
+        self._traits[func] = dataclasses.replace(self.traits(func), want_source=wanted)
+
     def mark_no_meta(self, func: torch._ops.OpOverload) -> None:
         """After meta execution failed and the real op worked: always sync this op."""
         self._traits[func] = OpTraits(Kind.SYNC, reason="no_meta_kernel")
 
 
-__all__ = ["Kind", "OpTraits", "OpTable", "derive_traits"]
+__all__ = ["Kind", "OpTraits", "OpTable", "derive_traits", "raise_if_out_of_range"]

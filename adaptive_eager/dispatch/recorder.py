@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 from ..fusion.ir import OpNode, TensorSpec, ValueRef, Window
 from ..fusion.slicing import needed_nodes
 from .exported import _EXPORTED, Exported, is_exported
+from .interrupts import critical
 from .lazy import LazyTensor, Owner
 from .meta import MetaFailure, MetaMemo, MetaResult, Uncapturable, meta_execute
 from .optable import OpTraits, derive_traits
+from .validity import check as check_validity
 
 _TensorBase = torch._C.TensorBase  # isinstance against the C base is fast
 
@@ -48,6 +50,20 @@ def _storage_id(t: torch.Tensor) -> int | None:
 
 # Ops whose float arguments can change output shapes (Note [Scalars in the meta key]).
 _FLOAT_SHAPED = ("arange", "range", "linspace", "logspace", "upsample", "interpolate", "histc")
+
+
+_BY_VALUE = 1  # its floats are keyed by value (_FLOAT_SHAPED)
+_FACTORY = 2   # no tensor argument, a keyword-only dtype: reads the default dtype when None
+
+
+def _op_flags(func: Any) -> int:
+    schema = func._schema
+    flags = _BY_VALUE if any(s in schema.name for s in _FLOAT_SHAPED) else 0
+    args = schema.arguments
+    if any(a.name == "dtype" and a.kwarg_only for a in args) and \
+            not any("Tensor" in str(a.type) for a in args):
+        flags |= _FACTORY
+    return flags
 
 
 def _refs(obj: Any):
@@ -73,7 +89,8 @@ class Recorder:
         self.device = device
         self.memo = memo
         self.owner = owner
-        self._float_by_value: dict[Any, bool] = {}
+        # func -> _BY_VALUE | _FACTORY; bounded by the number of ATen overloads.
+        self._op_flags: dict[Any, int] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -87,6 +104,9 @@ class Recorder:
         self._storages: dict[int, int] = {}  # storage id of a real input -> first vid
         self.handles: list[weakref.ref] = []
         self.opened_ns = 0
+        # Values of this window computed by a slice that failed (Note [A failed flush
+        # loses no work]): the rest of the window reads them, and must fail alike.
+        self.failed: dict[int, BaseException] = {}
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -155,7 +175,10 @@ class Recorder:
             elif tx is list or tx is tuple:
                 sub_enc: list = []
                 sub_key: list = []
-                self._encode(x, True, sub_enc, sub_key)
+                # Floats in lists key like floats (a foreach op's Scalar[]: Note [Scalar
+                # lists are lifted too]); the few ops whose float lists shape the output
+                # (upsample scale factors) are _FLOAT_SHAPED and key them by value.
+                self._encode(x, by_value, sub_enc, sub_key)
                 enc.append(sub_enc if tx is list else tuple(sub_enc))
                 key.append((tx, tuple(sub_key)))
             elif tx is float or tx is complex:
@@ -196,10 +219,10 @@ class Recorder:
         del self._refs[mark:]
 
     def _record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
-        by_value = self._float_by_value.get(func)
-        if by_value is None:
-            name = func._schema.name
-            by_value = self._float_by_value[func] = any(s in name for s in _FLOAT_SHAPED)
+        flags = self._op_flags.get(func)
+        if flags is None:
+            flags = self._op_flags[func] = _op_flags(func)
+        by_value = flags & _BY_VALUE
         enc_list: list = []
         key_list: list = [func]
         self._encode(args, by_value, enc_list, key_list)
@@ -211,14 +234,23 @@ class Recorder:
                 self._encode((v,), by_value, e, key_list)
                 enc_kwargs[k] = e[0]
                 key_list.append(k)
+        default_dtype = flags & _FACTORY and enc_kwargs.get("dtype") is None
+        if default_dtype:  # Note [Global state that kernels read], dispatch/kernel_state.py
+            key_list.append(torch.get_default_dtype())
         key = tuple(key_list)
         mr = self.memo.get(key)
         if mr is None:
             self._check_devices(enc_args, enc_kwargs)
-            mr = meta_execute(func, enc_args, enc_kwargs, self.specs, self.device)
+            with critical():  # a Ctrl-C in a meta kernel's first (lazy) imports would leave
+                # modules half-imported, and every later meta run failing (Note [Interrupts
+                # wait for the flush]); a miss costs ~60 µs, this ~1 µs
+                mr = meta_execute(func, enc_args, enc_kwargs, self.specs, self.device)
+            check_validity(func, enc_args, enc_kwargs, self.specs)  # Notes in dispatch/validity.py
             mr = MetaResult(mr.specs, mr.structure,
                             tuple(None if s is None else self.memo.intern(s) for s in mr.specs))
             self.memo.put(key, mr)
+        if default_dtype and mr.structure == "tensor":
+            enc_kwargs["dtype"] = mr.specs[0].dtype  # replay must not read the default
         return self._append(func, traits, args, kwargs, enc_args, enc_kwargs, mr)
 
     def _check_devices(self, enc_args: tuple, enc_kwargs: dict) -> None:
@@ -338,12 +370,16 @@ class Recorder:
         self.nodes = rest
         return window, live
 
-    def adopt(self, values: dict[int, torch.Tensor]) -> None:
-        """Values computed by a slice become real inputs of the open window."""
+    def adopt(self, values: Mapping[int, torch.Tensor],
+              errors: Mapping[int, BaseException] = {}) -> None:  # noqa: B006 - read only
+        """Values computed by a slice become real inputs of the open window; values it
+        failed to compute are remembered as failed (``self.failed``)."""
         for vid, t in values.items():
             if vid not in self.inputs:
                 self.inputs[vid] = t
                 self._input_ids.setdefault(id(t), vid)
+        if errors:
+            self.failed.update(errors)
 
     def traits_for_test(self, func: Any) -> OpTraits:
         return derive_traits(func)

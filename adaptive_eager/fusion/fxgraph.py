@@ -33,7 +33,7 @@ import torch.fx as fx
 
 from .ir import TensorSpec, ValueRef, Window
 from .partition import Region
-from .scalars import lift_rule, scalar_dtype
+from .scalars import lift_rule, lifted_dtype, lifted_shape, scalar_dtype
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Lowered:
     module: fx.GraphModule
     input_specs: tuple[TensorSpec, ...]
     scalar_dtypes: tuple[torch.dtype, ...]
+    scalar_shapes: tuple[tuple[int, ...], ...] = ()  # () for a float, (n,) for a list
 
     def example_inputs(self) -> list[torch.Tensor]:
         """Fresh tensors with the recorded specs (values are irrelevant to compilers)."""
@@ -53,7 +54,8 @@ class Lowered:
                 size = s.storage_offset
             base = torch.zeros(max(size, 1), dtype=s.dtype, device=s.device)
             out.append(base.as_strided(s.shape, s.stride, s.storage_offset))
-        out.extend(torch.ones((), dtype=d) for d in self.scalar_dtypes)
+        shapes = self.scalar_shapes or ((),) * len(self.scalar_dtypes)
+        out.extend(torch.ones(shape, dtype=d) for d, shape in zip(self.scalar_dtypes, shapes))
         return out
 
 
@@ -72,6 +74,7 @@ def lower(window: Window, region: Region) -> Lowered:
     rules = [lift_rule(n, window.specs) if n.args else None for n in nodes]
     scalar_nodes = [g.placeholder(f"s{j}") for j in range(sum(r is not None for r in rules))]
     dtypes: list[torch.dtype] = []
+    shapes: list[tuple[int, ...]] = []
 
     def m(x: Any) -> Any:
         if isinstance(x, ValueRef):
@@ -86,8 +89,9 @@ def lower(window: Window, region: Region) -> Lowered:
         if rule is None:
             result = g.call_function(node.target, tuple(args), kwargs)
         else:
-            out_dtype = window.specs[node.outputs[0]].dtype
+            out_dtype = lifted_dtype(node, window.specs)
             dtypes.append(scalar_dtype(out_dtype))
+            shapes.append(lifted_shape(node, rule))
             result = rule.emit(g, node.target, args, kwargs, scalar_nodes[len(dtypes) - 1], out_dtype)
         if _single_tensor_return(node.target):
             if node.outputs and node.outputs[0] is not None:
@@ -100,7 +104,7 @@ def lower(window: Window, region: Region) -> Lowered:
     g.lint()
     gm = fx.GraphModule(torch.nn.Module(), g)
     specs = tuple(window.specs[v] for v in region.inputs)
-    return Lowered(gm, specs, tuple(dtypes))
+    return Lowered(gm, specs, tuple(dtypes), tuple(shapes))
 
 
 __all__ = ["Lowered", "lower"]

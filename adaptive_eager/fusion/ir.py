@@ -14,6 +14,7 @@ window's real-tensor inputs and its ops' outputs.
 | TensorSpec | metadata of one value (shape, stride, offset, dtype, device)   |
 | Window     | inputs (id -> real tensor), nodes, specs, live outputs, and    |
 |            | the reason the window was flushed                              |
+| Progress   | how far a run of the window got (filled in by whoever runs it) |
 +------------+----------------------------------------------------------------+
 
 Semantics: running ``nodes`` in order with real tensors, in-place ops mutating
@@ -124,7 +125,16 @@ class OpNode(NamedTuple):
 
     @property
     def name(self) -> str:
-        return str(getattr(self.target, "__name__", self.target))
+        return op_name(self.target)
+
+
+def op_name(target: Any) -> str:
+    """The name reports use for an op: ``aten::add.Tensor``, ``aten::nonzero`` (as
+    ``OpOverload.name()`` says; the mode names ops the same way), else its ``__name__``."""
+    name = getattr(target, "name", None)
+    if callable(name) and hasattr(target, "_schema"):
+        return name()
+    return str(getattr(target, "__name__", target))
 
 
 def _leaves(args: tuple) -> Iterator[Any]:
@@ -133,6 +143,31 @@ def _leaves(args: tuple) -> Iterator[Any]:
             yield from _leaves(a)
         else:
             yield a
+
+
+class Progress:
+    """How far the current run of a window got; whoever runs the window keeps it.
+
+    ``env``: the dict of values by id the run computes into (from :meth:`start`);
+    ``done``: indices of the nodes whose effects have been applied; ``at``: the index
+    of the node running eagerly right now (-1: none). After a run failed part-way,
+    this is what lets the rest of the window be finished without applying any
+    in-place update twice (Note [A failed flush loses no work], runtime/recovery.py).
+    """
+
+    __slots__ = ("env", "done", "at")
+
+    def __init__(self) -> None:
+        self.env: dict[int, Any] | None = None
+        self.done: list[int] = []
+        self.at = -1
+
+    def start(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
+        """A fresh env holding ``inputs``, recorded as this run's (progress reset)."""
+        env = self.env = dict(inputs)
+        self.done = []
+        self.at = -1
+        return env
 
 
 @dataclass(frozen=True)
@@ -154,6 +189,7 @@ class Window:
     reason: str = "sync"
     source: str | None = None
     opened_ns: int = 0  # perf_counter_ns() when its first op was recorded (0: unknown)
+    progress: Progress = field(default_factory=Progress, compare=False, repr=False)
 
     def mutated_inputs(self) -> frozenset[int]:
         """Ids of real input tensors (or views of them) written by some node."""
@@ -181,4 +217,4 @@ def map_refs(obj: Any, env: Mapping[int, Any]) -> Any:
     return obj
 
 
-__all__ = ["ValueRef", "TensorSpec", "OpNode", "Window", "map_refs"]
+__all__ = ["ValueRef", "TensorSpec", "OpNode", "Window", "Progress", "map_refs", "op_name"]

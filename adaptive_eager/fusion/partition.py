@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Hashable, Mapping
 
 from .graph import StorageRoots, ancestor_masks, build_dag
+from .indices import IndexUse, entry_value, index_uses
 from .ir import Window
 from .policy import CostModel, SupportPolicy, summarize
 from .signature import region_key
@@ -41,7 +42,10 @@ class Region:
     in first-use order. ``outputs``: ids made here that the program or a later step still
     needs (dead values are never outputs). ``mutated``: inputs updated in place.
     ``fused`` regions go to the compile pipeline; others replay op by op, ``reason`` says
-    why. ``key`` is the region signature (fused regions only).
+    why. ``key`` is the region signature (fused regions only). ``index_checks``: (input,
+    lo, hi, allowed) for each input whose elements index something in the region; every
+    element must lie in ``[lo, hi)`` or equal ``allowed`` before the region is called
+    compiled (Note [Compiled code never sees an index eager would reject]).
     """
 
     nodes: tuple[int, ...]
@@ -51,6 +55,7 @@ class Region:
     fused: bool
     reason: str = ""
     key: Hashable = None
+    index_checks: tuple[tuple[int, int, int, int | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,23 +85,72 @@ def partition(window: Window, groups: Mapping[int, int], support: SupportPolicy,
     roots = StorageRoots(window.alias_root, groups)
     readers = _readers(window)
     steps: list[Region] = []
-    open_nodes: list[int] = []
-    open_mask = 0
+    producer: dict[int, int] = {}  # value id -> index of the node that made it
+    region = _Open(window, roots, producer)
     for i, node in enumerate(window.nodes):
-        reason = support.unsupported(node)
+        reason = support.unsupported(node, window.specs)
+        uses = index_uses(node, window.specs) if reason is None else ()
+        if uses is None:
+            reason = "unchecked_index"  # Note [Compiled code never sees an index eager would reject]
         if reason is None:
-            open_nodes.append(i)
-            open_mask |= 1 << i
-            continue
-        if anc[i] & open_mask:
-            steps.append(_close(window, open_nodes, readers, roots, cost))
-            open_nodes, open_mask = [], 0
-        steps.append(_eager(window, [i], readers, reason))
-    if open_nodes:
-        steps.append(_close(window, open_nodes, readers, roots, cost))
+            checks = region.checks_for(uses)
+            if checks is None:  # an index computed in the open region: close it first
+                steps.append(region.close(readers, cost))
+                region = _Open(window, roots, producer)
+                checks = region.checks_for(uses)
+            region.add(i, checks)
+        else:
+            if anc[i] & region.mask:
+                steps.append(region.close(readers, cost))
+                region = _Open(window, roots, producer)
+            steps.append(_eager(window, [i], readers, roots, reason))
+        for vid in node.outputs:
+            if vid is not None and vid not in node.mutates:
+                producer[vid] = i
+    if region.nodes:
+        steps.append(region.close(readers, cost))
     part = Partition(tuple(steps))
     check(window, part, dag)
     return part
+
+
+class _Open:
+    """The open region of ``partition``: its nodes, the storages they write, the index
+    checks its compiled call needs (Note [Compiled code never sees an index eager would
+    reject])."""
+
+    def __init__(self, window: Window, roots: StorageRoots, producer: Mapping[int, int]):
+        self.window, self.roots, self.producer = window, roots, producer
+        self.nodes: list[int] = []
+        self.mask = 0
+        self.inside: set[int] = set()
+        self.written: set[int] = set()
+        self.checks: list[tuple[int, int, int, int | None]] = []
+
+    def checks_for(self, uses: tuple[IndexUse, ...]) -> list | None:
+        """(entry value, lo, hi, allowed) per use; None if one is computed in the region."""
+        out = []
+        for u in uses:
+            at = entry_value(u.vid, self.window, self.producer, self.inside, self.written,
+                             self.roots.root)
+            if isinstance(at, tuple):  # made in the region, from known values
+                if u.lo <= at[0] and at[1] < u.hi:
+                    continue
+                at = None
+            if at is None:
+                return None
+            out.append((at, u.lo, u.hi, u.allowed))
+        return out
+
+    def add(self, i: int, checks: list) -> None:
+        self.nodes.append(i)
+        self.mask |= 1 << i
+        self.inside.add(i)
+        self.written.update(self.roots.root(v) for v in self.window.nodes[i].mutates)
+        self.checks.extend(c for c in checks if c not in self.checks)
+
+    def close(self, readers: Mapping[int, list[int]], cost: CostModel) -> Region:
+        return _close(self.window, self.nodes, readers, self.roots, cost, tuple(self.checks))
 
 
 def _readers(window: Window) -> dict[int, list[int]]:
@@ -107,13 +161,14 @@ def _readers(window: Window) -> dict[int, list[int]]:
     return out
 
 
-def _io(window: Window, nodes: list[int], readers: Mapping[int, list[int]]):
+def _io(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
+        roots: StorageRoots):
     inside = set(nodes)
     made: list[int] = []
     made_set: set[int] = set()
     inputs: list[int] = []
     seen: set[int] = set()
-    mutated: list[int] = []
+    written: set[int] = set()
     for i in nodes:
         node = window.nodes[i]
         for vid in node.inputs():
@@ -121,26 +176,31 @@ def _io(window: Window, nodes: list[int], readers: Mapping[int, list[int]]):
                 seen.add(vid)
                 inputs.append(vid)
         for vid in node.mutates:
-            if vid not in made_set and vid not in mutated:
-                mutated.append(vid)
+            written.add(roots.root(vid))
         for vid in node.outputs:
             if vid is not None and vid not in made_set and vid not in seen:
                 made_set.add(vid)
                 made.append(vid)
+    # Note [Writes through views made inside a region]
+    # ``p.data.add_(g)`` writes p through a view (``detach``) made inside the region: the
+    # node mutates the view's id, not p's. Every input whose storage the region writes,
+    # directly or through such a view, is mutated: the first compiled call runs on
+    # copies of exactly these (runtime/compiled.py), and aliasing checks see the write.
+    mutated = [v for v in inputs if roots.root(v) in written]
     outputs = [v for v in made
                if v in window.outputs or any(j not in inside for j in readers.get(v, ()))]
     return tuple(inputs), tuple(outputs), tuple(mutated)
 
 
 def _eager(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
-           reason: str) -> Region:
-    inputs, outputs, mutated = _io(window, nodes, readers)
+           roots: StorageRoots, reason: str) -> Region:
+    inputs, outputs, mutated = _io(window, nodes, readers, roots)
     return Region(tuple(nodes), inputs, outputs, mutated, False, reason)
 
 
 def _close(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
-           roots: StorageRoots, cost: CostModel) -> Region:
-    inputs, outputs, mutated = _io(window, nodes, readers)
+           roots: StorageRoots, cost: CostModel, index_checks: tuple = ()) -> Region:
+    inputs, outputs, mutated = _io(window, nodes, readers, roots)
     # Note [Aliased inputs are not fused]
     # A compiler sees each input as its own buffer. If two inputs share storage and the
     # region writes it, the compiled code could read stale data; such regions stay eager.
@@ -154,7 +214,7 @@ def _close(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
     if reason is not None:
         return Region(tuple(nodes), inputs, outputs, mutated, False, reason)
     key = region_key(window, tuple(nodes), inputs, outputs, {v: roots.root(v) for v in inputs})
-    return Region(tuple(nodes), inputs, outputs, mutated, True, "", key)
+    return Region(tuple(nodes), inputs, outputs, mutated, True, "", key, index_checks)
 
 
 def check(window: Window, part: Partition, dag) -> None:  # noqa: ANN001 - networkx graph

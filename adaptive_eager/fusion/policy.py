@@ -20,12 +20,13 @@ Example::
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from .ir import OpNode, TensorSpec
+from .ir import OpNode, TensorSpec, ValueRef
 
 _MATMUL = frozenset({
     "aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm",
@@ -35,12 +36,59 @@ _MATMUL = frozenset({
 })
 _REDUCTION_HINTS = ("sum", "mean", "amax", "amin", "max", "min", "prod", "norm", "var", "std",
                     "softmax", "logsumexp", "argmax", "argmin", "any", "all", "cumsum")
-_DATA_DEPENDENT = frozenset({
-    "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
-    "aten::unique_consecutive", "aten::argwhere", "aten::repeat_interleave", "aten::item",
-    "aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero", "aten::histc",
-    "aten::bincount", "aten::nonzero_static", "aten::_assert_async",
+# Note [One list of data-dependent ops]
+# Ops whose result (its shape, a Python value) or effect depends on tensor values, beyond
+# what torch's tags (dynamic_output_shape, data_dependent_output) say. Capture syncs on
+# them (dispatch/optable.py) and no region compiles them (OpSupport); both read this
+# list and :func:`data_dependent`, so the two never disagree.
+DATA_DEPENDENT_OPS = frozenset({
+    "aten::nonzero", "aten::nonzero_static", "aten::nonzero_numpy", "aten::masked_select",
+    "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+    "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::argwhere",
+    "aten::repeat_interleave", "aten::_assert_async", "aten::_assert_scalar",
+    "aten::_print", "aten::_local_scalar_dense", "aten::item", "aten::equal",
+    "aten::is_nonzero", "aten::allclose", "aten::to_sparse", "aten::_to_sparse",
+    "aten::histc", "aten::bincount", "aten::histogram", "aten::_histogramdd_bin_edges",
+    "aten::record_stream", "aten::_assert_tensor_metadata", "aten::_functional_assert_async",
+    "aten::_make_dep_token", "aten::_sparse_coo_tensor_with_dims_and_tensors",
+    "aten::_pin_memory", "aten::pin_memory", "aten::is_pinned",
 })
+
+# Note [Integer indexing is not data-dependent]
+# aten::index.Tensor is tagged dynamic_output_shape because of boolean masks (x[x > 0]:
+# as many elements as are true). With integer indices (x[idx], x[:, [-1], :]) the
+# output's shape follows from the indices' shapes, the meta kernel computes it, and the
+# op is an ordinary gather: recorded, and fusible. So the verdict is taken per call,
+# from the dtypes of its indices: op schema name -> position of its indices list.
+# (An index out of range raises eager's IndexError when the op runs: at its flush.)
+FIXED_SHAPE_IF_INTEGER_INDICES = {"aten::index": 1}
+_MASK_DTYPES = (torch.bool, torch.uint8)  # uint8 indices are masks too (deprecated)
+
+
+def data_dependent(target: Any) -> bool:
+    """Whether an overload is data-dependent by its name or tags (before any per-call
+    refinement, see :func:`fixed_shape_call`)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return False
+    tags = getattr(target, "tags", ())
+    return schema.name in DATA_DEPENDENT_OPS or torch.Tag.dynamic_output_shape in tags or \
+        torch.Tag.data_dependent_output in tags
+
+
+def fixed_shape_call(target: Any, args: Sequence[Any], dtype_of: Callable[[Any], Any]) -> bool:
+    """Whether this call of a data-dependent op has a fixed output shape all the same:
+    indexing with integer indices only (Note [Integer indexing is not data-dependent]).
+    ``dtype_of(arg)``: the dtype of a tensor argument (or of a ValueRef), else None."""
+    schema = getattr(target, "_schema", None)
+    where = FIXED_SHAPE_IF_INTEGER_INDICES.get(schema.name) if schema is not None else None
+    if where is None or len(args) <= where or not isinstance(args[where], (list, tuple)):
+        return False
+    dtypes = [dtype_of(i) for i in args[where] if i is not None]
+    return bool(dtypes) and all(d is not None and not d.is_floating_point and not d.is_complex
+                                and d not in _MASK_DTYPES for d in dtypes)
+
+
 _RANDOM_HINTS = ("rand", "normal", "bernoulli", "dropout", "uniform", "multinomial", "poisson",
                  "exponential", "geometric", "cauchy", "log_normal")
 
@@ -65,9 +113,11 @@ def op_class(target: object) -> str:
 
 
 class SupportPolicy(Protocol):
-    """``unsupported(node)``: None when the backend can compile ``node``, else a reason."""
+    """``unsupported(node, specs)``: None when the backend can compile ``node``, else a
+    reason. ``specs`` (the window's value specs) lets a verdict depend on the call's
+    tensors (Note [Integer indexing is not data-dependent]); without it, be conservative."""
 
-    def unsupported(self, node: OpNode) -> str | None:
+    def unsupported(self, node: OpNode, specs: Mapping[int, TensorSpec] | None = None) -> str | None:
         ...
 
 
@@ -84,6 +134,33 @@ def without_dropout(where: int | str, args: Sequence[Any], kwargs: Mapping[str, 
     p = kwargs.get(where, 0.0) if isinstance(where, str) else (
         args[where] if where < len(args) else kwargs.get("dropout_p", 0.0))
     return isinstance(p, (int, float)) and p == 0
+
+
+def _spec_dtype(arg: Any, specs: Mapping[int, TensorSpec]) -> Any:
+    spec = specs.get(arg.id) if isinstance(arg, ValueRef) else None
+    return spec.dtype if spec is not None else None
+
+
+# Note [NaN payloads run eagerly]
+# Generated code spells a baked NaN ``nan`` (torch.fx's Python, Inductor's C++), which is
+# the canonical NaN: a constant NaN with another payload (rare, but a value eager keeps
+# bit for bit) would come out canonical. Ops that bake one run eagerly.
+_CANONICAL_NAN = struct.pack("<d", float("nan"))
+
+
+def _odd_nan(args: Any) -> bool:
+    for a in args:
+        t = type(a)
+        if t is float:
+            if a != a and struct.pack("<d", a) != _CANONICAL_NAN:
+                return True
+        elif t is complex:
+            if _odd_nan((a.real, a.imag)):
+                return True
+        elif t is tuple or t is list:
+            if _odd_nan(a):
+                return True
+    return False
 
 
 def _no_dropout(node: OpNode) -> bool:
@@ -110,27 +187,32 @@ class OpSupport:
     factories: bool = True
     _memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
-    def unsupported(self, node: OpNode) -> str | None:
+    def unsupported(self, node: OpNode, specs: Mapping[int, TensorSpec] | None = None) -> str | None:
         target = node.target
         try:
             reason = self._memo[target]
         except KeyError:
             reason = self._memo[target] = self._classify(target)
+        if reason == "data_dependent" and specs is not None and \
+                fixed_shape_call(target, node.args, lambda a: _spec_dtype(a, specs)):
+            return self._classify(target, fixed_shape=True)
         if reason == "random" and _no_dropout(node):
             # Note [Attention without dropout is not random] (dispatch/mode.py): capture
             # records these; so may a region.
             return self._classify(target, random_ok=True)
+        if reason is None and (_odd_nan(node.args) or _odd_nan(v for _, v in node.kwargs)):
+            return "nan_payload"  # Note [NaN payloads run eagerly]
         return reason
 
-    def _classify(self, target: object, random_ok: bool = False) -> str | None:
+    def _classify(self, target: object, random_ok: bool = False,
+                  fixed_shape: bool = False) -> str | None:
         schema = getattr(target, "_schema", None)
         if schema is None:
             return "opaque"
         name = schema.name
         if name.split("::", 1)[0] not in self.namespaces:
             return "opaque"
-        if name in _DATA_DEPENDENT or torch.Tag.data_dependent_output in target.tags \
-                or torch.Tag.dynamic_output_shape in target.tags:
+        if not fixed_shape and data_dependent(target):
             return "data_dependent"
         if not random_ok and (torch.Tag.nondeterministic_seeded in target.tags or
                               any(h in name.split("::", 1)[1] for h in _RANDOM_HINTS)):
@@ -204,7 +286,10 @@ def summarize(nodes: list[OpNode], inputs: list[int], outputs: list[int],
         if cls == "view":
             continue
         n_ops += 1
-        for vid in list(node.inputs()) + [v for v in node.outputs if v is not None]:
+        # what the op reads, writes as results, and writes in place (a foreach op's
+        # in-place writes are its only outputs: it returns nothing)
+        mutated_only = [v for v in node.mutates if v not in node.outputs]
+        for vid in list(node.inputs()) + [v for v in node.outputs if v is not None] + mutated_only:
             spec = specs.get(vid)
             if spec is not None:
                 eager_bytes += spec.nbytes
@@ -213,5 +298,5 @@ def summarize(nodes: list[OpNode], inputs: list[int], outputs: list[int],
     return RegionSummary(n_ops, io, eager_bytes, work, mm)
 
 
-__all__ = ["op_class", "SupportPolicy", "OpSupport", "RegionSummary", "CostModel",
+__all__ = ["DATA_DEPENDENT_OPS", "data_dependent", "fixed_shape_call", "op_class", "SupportPolicy", "OpSupport", "RegionSummary", "CostModel",
            "DefaultCost", "summarize"]

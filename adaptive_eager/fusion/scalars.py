@@ -13,7 +13,8 @@
 # only floating outputs are lifted. Scalar-typed arguments (``alpha``, ``value``) cannot
 # take a tensor, so those ops are rewritten: ``add(x, y, alpha=a)`` becomes
 # ``add(x, mul(y, a))``, ``addcdiv(x, t1, t2, value=v)`` becomes
-# ``add(x, mul(div(t1, t2), v))`` (equal up to rounding: one more rounding step).
+# ``add(x, div(mul(t1, v), t2))``, the order eager's CPU kernel computes (equal up to
+# rounding where the kernel fuses a multiply-add).
 # Any other float stays in the key by value: a change there is a new region.
 
 Example::
@@ -32,17 +33,22 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from .ir import OpNode, TensorSpec
+from .ir import OpNode, TensorSpec, ValueRef
 
 aten = torch.ops.aten
 
 
 @dataclass(frozen=True)
 class LiftRule:
-    """Where the liftable float sits (a position or keyword name) and how to emit the op."""
+    """Where the liftable float sits (a position or keyword name) and how to emit the op.
+
+    ``many``: the argument is a list of floats (a foreach op's ``Scalar[]``), lifted as
+    one 1-D tensor (Note [Scalar lists are lifted too]).
+    """
 
     where: int | str
     emit: Callable[[fx.Graph, Any, list, dict, fx.Node, torch.dtype], fx.Node]
+    many: bool = False
 
 
 def _replace_at(tensor_overload: Any, pos: int, same_dtype: bool = False) -> Callable:
@@ -67,14 +73,90 @@ def _alpha(g: fx.Graph, target: Any, args: list, kwargs: dict, s: fx.Node,
 def _value(combine: Any, inplace: bool) -> Callable:
     def emit(g: fx.Graph, target: Any, args: list, kwargs: dict, s: fx.Node,
              dtype: torch.dtype) -> fx.Node:
-        t = g.call_function(combine, (args[1], args[2]))
-        t = g.call_function(aten.mul.Tensor, (t, s))
+        # value * t1 combined with t2, in the order eager's CPU kernels compute it
+        t = g.call_function(aten.mul.Tensor, (args[1], s))
+        t = g.call_function(combine, (t, args[2]))
         return g.call_function(aten.add_.Tensor if inplace else aten.add.Tensor, (args[0], t))
     return emit
 
 
+# Note [Scalar lists are lifted too]
+# torch.optim's multi-tensor steps pass their per-parameter floats as lists (Adam's
+# ``_foreach_addcdiv_(params, exp_avgs, denom, step_sizes)``, ``_foreach_div_(denom,
+# bias_correction2_sqrt)``) and lr-dependent ones as plain floats of foreach ops
+# (AdamW's ``_foreach_mul_(params, 1 - lr * wd)``, SGD's ``_foreach_add_(params, grads,
+# alpha=-lr)``). They change every step, so they are lifted like single floats: a list
+# becomes one 1-D tensor input of its length (keyed by length and dtype, never by
+# value), whose elements the graph selects as 0-dim tensors for the ``List`` overload of
+# the op (``_foreach_div_.ScalarList(xs, ss)`` -> ``_foreach_div_.List(xs, [s[0], ...])``);
+# a float becomes a 0-dim tensor for the ``Tensor`` overload. ``addcdiv``/``addcmul``
+# have no lowering for tensor scalars in Inductor, so they are emitted as eager's CPU
+# kernel computes them, ``self + value * t1 / t2`` (and ``* t2``). The scalars are made
+# in the dtype of the tensors they apply to (float32 for lower precision), so lists over
+# tensors of mixed dtypes are not lifted (they stay in the key by value).
+def _elems(g: fx.Graph, s: fx.Node, n: int) -> list:
+    return [g.call_function(aten.select.int, (s, 0, i)) for i in range(n)]
+
+
+def _foreach_list(list_overload: Any) -> Callable:
+    def emit(g: fx.Graph, target: Any, args: list, kwargs: dict, s: fx.Node,
+             dtype: torch.dtype) -> fx.Node:
+        return g.call_function(list_overload, (args[0], _elems(g, s, len(args[0]))), kwargs)
+    return emit
+
+
+def _foreach_scalar(tensor_overload: Any, list_overload: Any = None) -> Callable:
+    def emit(g: fx.Graph, target: Any, args: list, kwargs: dict, s: fx.Node,
+             dtype: torch.dtype) -> fx.Node:
+        if tensor_overload is None:  # no Tensor overload (sub): the same 0-dim tensor n times
+            return g.call_function(list_overload, (args[0], [s] * len(args[0])), kwargs)
+        return g.call_function(tensor_overload, (args[0], s), kwargs)
+    return emit
+
+
+def _foreach_alpha(g: fx.Graph, target: Any, args: list, kwargs: dict, s: fx.Node,
+                   dtype: torch.dtype) -> fx.Node:
+    scaled = g.call_function(aten._foreach_mul.Tensor, (args[1], s))
+    kwargs = {k: v for k, v in kwargs.items() if k != "alpha"}
+    return g.call_function(target, (args[0], scaled), kwargs)
+
+
+def _foreach_value(second: Any, inplace: bool, many: bool) -> Callable:
+    def emit(g: fx.Graph, target: Any, args: list, kwargs: dict, s: fx.Node,
+             dtype: torch.dtype) -> fx.Node:
+        self_, t1, t2 = args[0], args[1], args[2]
+        if many:
+            v = g.call_function(aten._foreach_mul.List, (t1, _elems(g, s, len(t1))))
+        else:
+            v = g.call_function(aten._foreach_mul.Tensor, (t1, s))
+        v = g.call_function(second, (v, t2))
+        add = aten._foreach_add_.List if inplace else aten._foreach_add.List
+        return g.call_function(add, (self_, v))
+    return emit
+
+
+def _foreach_rules(rules: dict[Any, LiftRule]) -> None:
+    for op in ("add", "sub", "mul", "div"):
+        for suffix in ("", "_"):
+            packet = getattr(aten, f"_foreach_{op}{suffix}")
+            rules[packet.ScalarList] = LiftRule(1, _foreach_list(packet.List), many=True)
+            tensor = getattr(packet, "Tensor", None)
+            rules[packet.Scalar] = LiftRule(1, _foreach_scalar(tensor, packet.List))
+    for op in ("add", "sub"):
+        for suffix in ("", "_"):
+            packet = getattr(aten, f"_foreach_{op}{suffix}")
+            rules[(packet.List, "alpha")] = LiftRule("alpha", _foreach_alpha)
+    for name, second in (("addcmul", aten._foreach_mul.List), ("addcdiv", aten._foreach_div.List)):
+        for suffix, inplace in (("", False), ("_", True)):
+            packet = getattr(aten, f"_foreach_{name}{suffix}")
+            rules[packet.ScalarList] = LiftRule(3, _foreach_value(second, inplace, True), many=True)
+            # Scalar value=1 is positional in the foreach schemas (keyword-only in addcdiv's)
+            rules[packet.Scalar] = LiftRule(3, _foreach_value(second, inplace, False))
+
+
 def _rules() -> dict[Any, LiftRule]:
     rules: dict[Any, LiftRule] = {}
+    _foreach_rules(rules)
     for op in ("mul", "div", "add", "sub"):
         for suffix in ("", "_"):
             packet = getattr(aten, op + suffix)
@@ -119,17 +201,44 @@ def rules_for(target: Any) -> tuple[Any, LiftRule | None, LiftRule | None]:
     return r
 
 
+def _liftable(value: Any, many: bool) -> bool:
+    if not many:
+        return type(value) is float
+    return type(value) in (list, tuple) and len(value) > 0 and all(type(v) is float for v in value)
+
+
 def lift_rule(node: OpNode, specs: dict[int, TensorSpec]) -> LiftRule | None:
     """The rule that lifts a float out of ``node``, or None (the float, if any, is baked)."""
     _, rule, alpha = rules_for(node.target)
-    if rule is None or type(_get(node, rule.where)) is not float:
+    if rule is None or not _liftable(_get(node, rule.where), rule.many):
         rule = alpha
         if rule is None or type(_get(node, "alpha")) is not float:
             return None
-    out = node.outputs[0] if node.outputs else None
-    if out is None or not specs[out].dtype.is_floating_point:
+    dtype = lifted_dtype(node, specs)
+    if dtype is None or not dtype.is_floating_point:
         return None
     return rule
+
+
+def lifted_dtype(node: OpNode, specs: dict[int, TensorSpec]) -> torch.dtype | None:
+    """The dtype of the tensors a lifted scalar applies to: the op's outputs, or for an
+    in-place foreach op (which returns nothing) its first argument's tensors; None when
+    they differ (Note [Scalar lists are lifted too])."""
+    vids = [v for v in node.outputs if v is not None]
+    if not vids and node.args and type(node.args[0]) in (list, tuple):
+        vids = [r.id for r in node.args[0] if type(r) is ValueRef]
+    if not vids:
+        return None
+    dtype = specs[vids[0]].dtype
+    for v in vids:
+        if specs[v].dtype != dtype:
+            return None
+    return dtype
+
+
+def lifted_shape(node: OpNode, rule: LiftRule) -> tuple[int, ...]:
+    """The shape of the tensor carrying the lifted value: () or (length of the list,)."""
+    return (len(_get(node, rule.where)),) if rule.many else ()
 
 
 def lifted_value(node: OpNode, rule: LiftRule) -> float:
@@ -154,12 +263,15 @@ LIFTED = _Lifted()
 
 
 def strip(node: OpNode, rule: LiftRule) -> tuple[tuple, tuple]:
-    """``node``'s (args, kwargs) with the lifted float replaced by :data:`LIFTED`."""
+    """``node``'s (args, kwargs) with the lifted float replaced by :data:`LIFTED` (a list
+    by ``(LIFTED, its length)``)."""
+    mark = (LIFTED, len(_get(node, rule.where))) if rule.many else LIFTED
     if isinstance(rule.where, int):
         args = list(node.args)
-        args[rule.where] = LIFTED
+        args[rule.where] = mark
         return tuple(args), node.kwargs
-    return node.args, tuple((k, LIFTED if k == rule.where else v) for k, v in node.kwargs)
+    return node.args, tuple((k, mark if k == rule.where else v) for k, v in node.kwargs)
 
 
-__all__ = ["LiftRule", "LIFT_RULES", "rules_for", "lift_rule", "lifted_value", "scalar_dtype", "LIFTED", "strip"]
+__all__ = ["LiftRule", "LIFT_RULES", "rules_for", "lift_rule", "lifted_value", "lifted_dtype",
+           "lifted_shape", "scalar_dtype", "LIFTED", "strip"]

@@ -27,10 +27,13 @@ Example::
 
 from __future__ import annotations
 
+import struct
 from typing import Any, Hashable, Mapping
 
 from .ir import TensorSpec, ValueRef, Window
 from .scalars import _BY_ID, lift_rule, lifted_value, rules_for, strip
+
+_F64 = struct.Struct("<d")
 
 # Note [Our signature is the guard]
 # A compiled artifact is called directly, with no second layer of guards (no Dynamo).
@@ -45,6 +48,23 @@ def spec_key(spec: TensorSpec) -> tuple:
     return (spec.shape, spec.stride, spec.storage_offset, spec.dtype, spec.device)
 
 
+# Note [Floats in keys are compared by bits]
+# A baked float is part of what the compiled code computes, and Python's == is not
+# equality of values there: -0.0 == 0.0 (but ``1 / (x * -0.0)`` is -inf, not inf), and
+# NaN != NaN (so a NaN made afresh each step would miss every cache, and two NaNs with
+# different payloads must not share an artifact). Zeros and NaNs are keyed by their bits;
+# every other float by itself, where == is exact. Complex numbers by both parts (a bare
+# ``3+0j`` would equal a value id 3).
+def _float_key(x: float) -> tuple:
+    if x == x and x != 0.0:
+        return (float, x)
+    return (float, _F64.pack(x))
+
+
+def _complex_key(x: complex) -> tuple:
+    return (complex, _float_key(x.real), _float_key(x.imag))
+
+
 def _freeze(x: Any) -> Any:
     t = type(x)
     if t is ValueRef:
@@ -53,10 +73,14 @@ def _freeze(x: Any) -> Any:
         return tuple([_freeze(a) for a in x])
     if t is list:
         return ("L", tuple([_freeze(a) for a in x]))
-    if t is float or t is bool:
-        return (t, x)  # 1, 1.0 and True are equal in Python, not to ATen
+    if t is float:
+        return _float_key(x)  # 1, 1.0 and True are equal in Python, not to ATen
+    if t is bool:
+        return (t, x)
     if t is int:
         return ("i", x)
+    if t is complex:
+        return _complex_key(x)
     return x
 
 
@@ -67,11 +91,13 @@ def _freeze_args(args: tuple) -> tuple:
         t = type(a)
         if t is ValueRef:
             out.append(a.id)
-        elif t is float or t is bool:
+        elif t is float:
+            out.append((float, a) if a == a and a != 0.0 else _float_key(a))
+        elif t is bool:
             out.append((t, a))
         elif t is int:
             out.append(("i", a))
-        elif t is tuple or t is list:
+        elif t is tuple or t is list or t is complex:
             out.append(_freeze(a))
         else:
             out.append(a)
@@ -125,8 +151,12 @@ def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
             return ("v", local[x.id])
         if t is tuple or t is list:
             return (t.__name__, tuple(renum(a) for a in x))
-        if t is float or t is int or t is bool:
+        if t is float:
+            return _float_key(x)  # Note [Floats in keys are compared by bits]
+        if t is int or t is bool:
             return (t, x)
+        if t is complex:
+            return _complex_key(x)
         return x
 
     parts = []
@@ -148,4 +178,51 @@ def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
     return (tuple(parts), in_specs, aliasing, out_ids, out_specs)
 
 
-__all__ = ["spec_key", "window_key", "region_key"]
+# Note [Why a window missed the plan cache]
+# For the ae_recompiles log only (built when that artifact is enabled): a window's
+# outline (per node: its op, the shape and dtype of each tensor argument, the type of
+# each other argument) is kept per flush site, and a miss is explained by the first
+# difference from the previous window flushed at the same line: a new op, a shape
+# change, or a scalar kind (an int where a float was, a constant baked into the key).
+def outline(window: Window) -> tuple:
+    """A small, tensor-free summary of ``window`` for :func:`miss_cause`."""
+    from .ir import _leaves, op_name  # noqa: PLC0415
+
+    specs = window.specs
+    rows = []
+    for node in window.nodes:
+        args = []
+        for a in _leaves(tuple(node.args) + tuple(v for _, v in node.kwargs)):
+            if isinstance(a, ValueRef):
+                sp = specs.get(a.id)
+                args.append(("tensor", tuple(sp.shape), str(sp.dtype)) if sp is not None else ("tensor",))
+            else:
+                args.append((type(a).__name__,))
+        rows.append((op_name(node.target), tuple(args)))
+    return tuple(rows)
+
+
+def miss_cause(previous: tuple | None, current: tuple) -> str:
+    """Why ``current`` (an :func:`outline`) missed, against the ``previous`` one at its line."""
+    if previous is None:
+        return "first window flushed at this line"
+    for i, (old, new) in enumerate(zip(previous, current)):
+        if old[0] != new[0]:
+            return f"new op at op {i}: {new[0]} where {old[0]} was"
+        for a, b in zip(old[1], new[1]):
+            if a != b:
+                if a[0] == b[0] == "tensor":
+                    return f"shape change at op {i} ({new[0]}): {_fmt(a)} -> {_fmt(b)}"
+                return f"scalar kind at op {i} ({new[0]}): {a[0]} -> {b[0]}"
+        if len(old[1]) != len(new[1]):
+            return f"new arguments at op {i} ({new[0]})"
+    if len(previous) != len(current):
+        return f"window length {len(previous)} -> {len(current)} ops"
+    return "same ops and shapes: strides, aliasing, outputs or a baked constant differ"
+
+
+def _fmt(arg: tuple) -> str:
+    return f"{arg[2].replace('torch.', '')}{list(arg[1])}" if len(arg) == 3 else "tensor"
+
+
+__all__ = ["spec_key", "window_key", "region_key", "outline", "miss_cause"]

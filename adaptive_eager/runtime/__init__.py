@@ -8,12 +8,12 @@ from .backends import BackendUnavailable, backend_support, get_backend, register
 from .cache import RegionCache, RegionEntry
 from .compiled import CompiledExecutor
 from .counters import Counters
-from .executor import EagerExecutor, Executor, replay_guard, run_node
-from .passthrough import DeferPolicy
+from .executor import EagerExecutor, Executor, FlushResult, replay_guard, run_node
+from .adapt import DeferPolicy, Verdict
 
 __all__ = [
     "Counters", "EagerExecutor", "Executor", "replay_guard", "run_node", "CompiledExecutor",
-    "RegionCache", "RegionEntry", "DeferPolicy", "BackendUnavailable", "register_backend",
+    "RegionCache", "RegionEntry", "DeferPolicy", "Verdict", "FlushResult", "BackendUnavailable", "register_backend",
     "get_backend", "backend_support", "make_executor",
 ]
 

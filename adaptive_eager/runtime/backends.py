@@ -51,12 +51,15 @@ def _inductor(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         return compile_in_worker(gm, example_inputs)  # Note [Compile in a subprocess]
     except WorkerUnavailable as e:
         log.debug("compiling in-process: %s", e)
+    from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-    threads = gm.meta.get(THREADS_META)
-    if threads:  # this thread's count is what Inductor writes into its kernels
-        torch.set_num_threads(threads)
-    with torch.no_grad():
+    # Inductor writes a thread count into its CPU kernels: the program's, passed as
+    # Inductor's option rather than set with torch.set_num_threads, which would change
+    # the count every thread the program starts later inherits (Note [The program's
+    # threads are its own], runtime/compiled.py).
+    threads = gm.meta.get(THREADS_META) or torch.get_num_threads()
+    with torch.no_grad(), inductor_config.patch({"cpp.threads": threads}):
         return compile_fx(gm, example_inputs)
 
 

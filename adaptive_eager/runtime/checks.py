@@ -64,6 +64,59 @@ def outputs_match(window: Window, region: Region, outs: Sequence[Any], ref: Sequ
     return None
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold bit-identical elements (NaN payloads and -0.0 too)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.dtype.is_floating_point:
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.view(bits), b.view(bits)
+    return bool(torch.equal(a, b))
+
+
+def inputs_intact(region: Region, args: Sequence[Any], copies: Sequence[Any]) -> str | None:
+    """None when the compiled call left every argument it must only read (every input
+    ``region`` does not mutate, and the lifted scalars) as it found it: ``copies`` were
+    made of ``args`` before the call and handed to it."""
+    mutated = set(region.mutated)
+    for j, (a, c) in enumerate(zip(args, copies)):
+        if j < len(region.inputs) and region.inputs[j] in mutated:
+            continue
+        if isinstance(a, torch.Tensor) and not same_bits(a, c):
+            what = f"input {region.inputs[j]}" if j < len(region.inputs) else f"scalar {j}"
+            return f"{what}: the compiled code wrote an input it only reads"
+    return None
+
+
+def aliases_any(outs: Sequence[Any], tensors: Sequence[Any]) -> bool:
+    """Whether some tensor in ``outs`` shares storage with one of ``tensors``."""
+    ptrs = {t.untyped_storage().data_ptr() for t in tensors
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes()}
+    return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in ptrs
+               for o in outs)
+
+
+def indices_in_range(args: Sequence[Any], checks: Sequence[tuple[int, Sequence[tuple]]]) -> bool:
+    """Whether every ``args[j]`` of ``checks`` ((j, ((lo, hi, allowed), ...)), ...) holds
+    only values in ``[lo, hi)`` or equal to ``allowed`` (Note [Compiled code never sees an
+    index eager would reject], fusion/indices.py). One ``aminmax`` per tensor; the
+    element-wise test only when a value outside the range may be the allowed one."""
+    for j, ranges in checks:
+        t = args[j]
+        if t.numel() == 0:
+            continue
+        low, high = torch.aminmax(t)
+        low, high = int(low), int(high)
+        for lo, hi, allowed in ranges:
+            if lo <= low and high < hi:
+                continue
+            if allowed is None or not bool(((t >= lo) & (t < hi) | (t == allowed)).all()):
+                return False
+    return True
+
+
 def clone_strided(t: torch.Tensor) -> torch.Tensor:
     """A copy with ``t``'s strides (clone() may make non-dense layouts contiguous)."""
     try:
@@ -72,4 +125,6 @@ def clone_strided(t: torch.Tensor) -> torch.Tensor:
         return t.clone()
 
 
-__all__ = ["close", "meta_problem", "outputs_match", "clone_strided"]
+__all__ = ["close", "meta_problem", "outputs_match", "same_bits", "inputs_intact", "aliases_any",
+           "indices_in_range",
+           "clone_strided"]

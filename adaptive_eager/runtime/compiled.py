@@ -28,16 +28,17 @@ Example::
     ...            {0: s, 1: s, 2: s}, frozenset({2}))
     >>> ex = CompiledExecutor(config.resolve(backend="eager", compile_after=1,
     ...                                      async_compile=False), Counters())
-    >>> float(ex.run(w)[2][0]), ex.counters.regions_compiled  # first call: checked vs eager
+    >>> float(ex.run(w).values[2][0]), ex.counters.regions_compiled  # first call: checked vs eager
     (3.0, 1)
-    >>> float(ex.run(w)[2][0]), ex.counters.compiled_calls, ex.counters.ops_fused
+    >>> float(ex.run(w).values[2][0]), ex.counters.compiled_calls, ex.counters.ops_fused
     (3.0, 1, 2)
 """
 
 from __future__ import annotations
 
-import os
+import logging
 import time
+from math import copysign
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping
 
@@ -45,31 +46,37 @@ import cachetools
 import torch
 from torch.autograd.profiler import _is_profiler_enabled  # noqa: F401 - cheap check, below
 
+from .._logging import artifact_logger
+from .adapt import NOVEL, UNPAYING, WindowHistory, WindowLog, judge, route
 from ..fusion.fxgraph import lower
 from ..fusion.graph import storage_groups
 from ..fusion.ir import Window
 from ..fusion.partition import Partition, Region, partition
 from ..fusion.policy import DefaultCost, SupportPolicy
-from ..fusion.scalars import lift_rule, scalar_dtype
-from ..fusion.signature import window_key
+from ..fusion.scalars import lift_rule, lifted_dtype, scalar_dtype
+from ..fusion.signature import miss_cause, outline, window_key
 from .backends import backend_support, for_device, get_backend, is_debugging
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
-from .checks import clone_strided, outputs_match
+from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact, outputs_match
 from .compiler import CompileService
 from .counters import Counters
-from .executor import replay_guard, run_node
-from .passthrough import DeferPolicy, pays_for_capture
+from .executor import FlushResult, Verdict, replay_guard, run_nodes
 
+_MISS_LOG = artifact_logger("ae_recompiles")
 _TIMED_CALLS = 3  # compiled calls timed against eager before keeping a region
 _COST_REASONS = frozenset({"too_small", "not_worth_it", "nothing_to_fuse"})  # not fallbacks
 
 
 @dataclass(frozen=True)
 class Step:
-    """One region of a plan and the lifted-scalar slots it reads: (float index, dtype)."""
+    """One region of a plan, the lifted-scalar slots it reads ((float index, dtype)) and
+    where its written inputs sit among its arguments."""
 
     region: Region
     scalars: tuple[tuple[int, torch.dtype], ...] = ()
+    mutated: tuple[int, ...] = ()  # positions in region.inputs of the inputs it writes
+    # (position in region.inputs, ((lo, hi, allowed), ...)): Region.index_checks by input
+    index_checks: tuple[tuple[int, tuple[tuple[int, int, int | None], ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,46 +87,35 @@ class Plan:
     worth: bool
 
 
+_set_versions = torch._C._autograd._unsafe_set_version_counter
+
+
+def _by_input(region: Region) -> tuple:
+    """``region.index_checks`` grouped by the position of the input they check."""
+    pos = {v: j for j, v in enumerate(region.inputs)}
+    grouped: dict[int, list] = {}
+    for vid, lo, hi, allowed in region.index_checks:
+        grouped.setdefault(pos[vid], []).append((lo, hi, allowed))
+    return tuple((j, tuple(r)) for j, r in grouped.items())
+
+
 def _profiling() -> bool:
     return torch.autograd.profiler._is_profiler_enabled
 
 
-# Note [Sharing the cores with the compile worker]
-# While the worker process compiles, the program's intra-op threads and the worker
-# oversubscribe the cores when torch already uses all of them: measured on this 2-core
-# machine, a GPT training step (2 threads) took 268 ms alone and 869 ms next to one
-# CPU-bound process (``python -c "while True: pass"``), but 526 ms with 1 thread. So
-# while the program waits for a compile (Note [Waiting for compiles runs eagerly]) the thread
-# that waits uses one intra-op thread fewer, and gets its count back when the wait
-# ends or its block exits, unless the program changed it meanwhile.
-class ThreadShare:
-    """Lower ``torch.get_num_threads()`` by one while compiles run in the worker."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self._saved: tuple[int, int] | None = None  # (the program's count, ours)
-
-    def waiting(self, started: bool) -> None:
-        if not self.enabled:
-            return
-        if started:
-            if self._saved is not None:
-                return
-            n = torch.get_num_threads()
-            try:
-                cores = len(os.sched_getaffinity(0))
-            except (AttributeError, OSError):
-                cores = os.cpu_count() or 1
-            if n >= cores and n > 1:
-                torch.set_num_threads(n - 1)
-                self._saved = (n, n - 1)
-        else:
-            self.restore()
-
-    def restore(self) -> None:
-        saved, self._saved = self._saved, None
-        if saved is not None and torch.get_num_threads() == saved[1]:
-            torch.set_num_threads(saved[0])
+# Note [The program's threads are its own]
+# The runtime never changes the program's visible state, its intra-op thread count
+# included. It used to lend one of the program's threads to the compile worker while a
+# compile was in flight (``set_num_threads(n - 1)``): the program read 1 from
+# ``torch.get_num_threads()`` after setting 2, and its eager kernels, run with another
+# thread count, reduced in another order (fp32 losses 1e-7 off eager's with nothing
+# compiled). The worker now competes for the cores as any process does. Measured with
+# ``python -m benchmarks.threads_share`` (MLP step, 2 threads, 2 cores shared with other
+# jobs, load average 2-5, so read ratios loosely): alone 168-322 ms; next to a busy
+# process at nice 0 320-644 ms; with one thread fewer 195-213 ms; busy process at nice 10
+# 194-344 ms, at the cost of 0.36-0.57x its progress. A lower-priority worker was not
+# adopted: its compiles would take 2-3x longer, and at nice 10 it once starved outright
+# (Note [Compile in a subprocess]); the slowdown while a compile runs is in the README.
 
 
 class CompiledExecutor:
@@ -132,40 +128,42 @@ class CompiledExecutor:
         self.support = support or backend_support(options.backend)
         self.cost = cost or DefaultCost(min_work=options.min_region_work)
         self.cache = RegionCache(options.cache_size, counters)
-        self.plans: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
-        self.threads = ThreadShare(options.backend == "inductor")
-        self.defer = DeferPolicy(options.adaptive_passthrough, warmup=options.warmup,
-                                 in_flight=lambda: counters.compiles_in_flight,
-                                 on_wait=self.threads.waiting)
-        self.should_defer = self.defer.should_defer  # hot: asked on every torch call
-        self._eager_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
-        self._novel: cachetools.LRUCache = cachetools.LRUCache(max(256, 4 * options.cache_size))
-        self._capture_ns: cachetools.LRUCache = cachetools.LRUCache(max(64, options.cache_size))
-        self._novel_ops: cachetools.LRUCache = cachetools.LRUCache(256)
+        # Note [One history per window key] (runtime/adapt.py): plan, first sighting and
+        # measured times of a window key live in one entry, evicted together.
+        self.windows = WindowLog(max(256, 4 * options.cache_size))
+        self._outlines: cachetools.LRUCache = cachetools.LRUCache(256)  # site -> outline (ae_recompiles)
 
     # -- the Executor contract ------------------------------------------------------
-    def run(self, window: Window) -> Mapping[int, torch.Tensor]:
+    def run(self, window: Window) -> FlushResult:
         groups = storage_groups(window)
         key, floats = window_key(window, groups)
-        eager_ns = self._eager_ns.get(key)
-        if eager_ns is not None and self.demote and self.defer.enabled and \
-                not self._pays(key, eager_ns, len(window.nodes)):
-            return self._run_unpaying(window, key, eager_ns)
-        plan = self.plans.get(key)
-        first = plan is None
+        history = self.windows.get(key)
+        n_ops = len(window.nodes)
+        how = route(history, n_ops, self.options, self.demote)
+        if how == UNPAYING:
+            return self._run_unpaying(window, history)
+        if how == NOVEL:
+            if _MISS_LOG.isEnabledFor(logging.DEBUG):
+                self._log_miss(window)  # a new window, not the second sighting of one
+            return self._run_novel(window, self.windows.entry(key))
+        if history is None:
+            history = self.windows.entry(key)
+        first = history.plan is None
         if first:
-            if self.options.compile_after > 1 and key not in self._novel:
-                return self._run_novel(window, key)
-            plan = self.plans[key] = self._plan(window, groups)
-            if self._novel.pop(key, None) is not None:
+            if not history.novel and _MISS_LOG.isEnabledFor(logging.DEBUG):
+                self._log_miss(window)
+            history.plan = self._plan(window, groups)
+            if history.novel:
                 # Credit the regions with the first sighting, which ran without a plan.
-                for step in plan.steps:
+                history.novel = False
+                for step in history.plan.steps:
                     if step.region.fused:
                         self.cache.entry(step.region.key).seen += 1
-        env: dict[int, torch.Tensor] = dict(window.inputs)
+        plan = history.plan
+        env = window.progress.start(window.inputs)
         worth = False
         compiled_before = self.counters.compiled_calls
         t0 = time.perf_counter_ns()
@@ -177,94 +175,55 @@ class CompiledExecutor:
                 else:
                     self._run_eager(window, region, env)
         t1 = time.perf_counter_ns()
-        if first and key not in self._eager_ns:  # unplanned, all eager: its time is eager's
-            self._eager_ns[key] = t1 - t0
-        eager_ns = self._eager_ns.get(key)
-        worth = worth and (eager_ns is None or pays_for_capture(eager_ns, len(window.nodes)))
-        ran_compiled = self.counters.compiled_calls > compiled_before
-        if worth and not ran_compiled and self.options.async_compile and any(
-                s.region.fused and self.cache.entry(s.region.key).state == COMPILING
-                for s in plan.steps):
-            # Note [Waiting for compiles runs eagerly]
-            # Its regions are compiling (in the worker process): capturing now would only
-            # add per-op cost until they are ready, so ops pass straight through until
-            # no compile is in flight, then the window is captured and judged again.
-            self.defer.note_window(len(window.nodes), True, pending=True)
-            return {vid: env[vid] for vid in window.outputs}
-        if worth and ran_compiled and eager_ns is not None and window.opened_ns:
-            # Measured, not estimated: once its regions run compiled, capturing this
-            # window (from its first op to the flush) plus running it must beat eager
-            # (Note [Capture must cost less than the work]).
-            worth = (t1 - window.opened_ns) < eager_ns
-        self.defer.note_window(len(window.nodes), worth)
-        return {vid: env[vid] for vid in window.outputs}
+        if first and history.eager_ns is None:  # unplanned, all eager: its time is eager's
+            history.eager_ns = t1 - t0
+        compiling = any(s.region.fused and self.cache.entry(s.region.key).state == COMPILING
+                        for s in plan.steps)
+        verdict = judge(history, n_ops, worth, self.counters.compiled_calls > compiled_before,
+                        compiling, t1, window.opened_ns, self.options.async_compile)
+        return FlushResult({vid: env[vid] for vid in window.outputs}, verdict)
 
-    def _run_novel(self, window: Window, key: Any) -> Mapping[int, torch.Tensor]:
-        # Note [First sightings are not planned]
-        # Nothing compiles on a window's first sighting (compile_after > 1), and programs
-        # whose windows never recur (a new sequence length every step) would pay for
-        # partitioning and lowering each one. So a first sighting is replayed eagerly,
-        # timed (the eager cost the pass-through policy weighs against capture), and
-        # only remembered; the plan is made when the window comes back.
+    def close(self) -> None:
+        """Stop the compile service's thread (queued compiles are dropped)."""
+        self.compiler.shutdown()
+
+    def _log_miss(self, window: Window) -> None:
+        """Note [Why a window missed the plan cache] (fusion/signature.py)."""
+        now = outline(window)
+        site = window.source or window.reason
+        cause = miss_cause(self._outlines.get(site), now)
+        self._outlines[site] = now
+        _MISS_LOG.debug("window plan miss (%d ops, flushed by %s at %s): %s", len(window.nodes),
+                        window.reason, window.source, cause)
+
+    def _run_novel(self, window: Window, history: WindowHistory) -> FlushResult:
+        """A first sighting: replayed eagerly and timed (Note [First sightings are not
+        planned], runtime/adapt.py)."""
         values, capture_ns, eager_ns = self._replay_timed(window)
-        if capture_ns is not None:
-            self._capture_ns[key] = capture_ns
-        self._novel[key] = True
-        self._eager_ns[key] = eager_ns
+        history.novel = True
+        history.eager_ns, history.capture_ns = eager_ns, capture_ns
         ops = tuple(node.target for node in window.nodes)  # the window without its shapes
-        reshaped = ops in self._novel_ops
-        self._novel_ops[ops] = True
-        self.defer.note_window(len(window.nodes), False, novel=True, reshaped=reshaped)
-        return values
+        reshaped = self.windows.reshaped(ops)
+        return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped))
 
     def _replay_timed(self, window: Window) -> tuple[dict[int, torch.Tensor], int | None, int]:
         """Run every node eagerly: (outputs, capture time or None, eager time), in ns."""
-        env: dict[int, torch.Tensor] = dict(window.inputs)
+        env = window.progress.start(window.inputs)
         t0 = time.perf_counter_ns()
         with replay_guard():
-            for node in window.nodes:
-                run_node(node, env)
+            run_nodes(window, range(len(window.nodes)), env)
         eager_ns = time.perf_counter_ns() - t0
         self.counters.ops_eager += len(window.nodes)
         capture_ns = t0 - window.opened_ns if window.opened_ns else None
         return {vid: env[vid] for vid in window.outputs}, capture_ns, eager_ns
 
-    def _pays(self, key: Any, eager_ns: int, n_ops: int) -> bool:
-        """Whether the window's eager run outweighs capturing it (Note [Windows that cannot
-        pay for their capture are not compiled]). Both are measured on the window's first
-        sighting, in the same conditions, and lowered to the minimum over later
-        sightings that run eagerly: a busy machine inflates both alike, where a fixed
-        per-op capture cost would make every window look worth compiling."""
-        cap = self._capture_ns.get(key)
-        if cap is None:
-            return pays_for_capture(eager_ns, n_ops)
-        return eager_ns >= cap
-
-    def _run_unpaying(self, window: Window, key: Any, eager_ns: int) -> Mapping[int, torch.Tensor]:
-        # Note [Windows that cannot pay for their capture are not compiled]
-        # A window whose eager run takes less than capturing its ops took (measured
-        # from its first op to its flush on its first sighting; ``_pays``) loses to
-        # eager however well it fuses, so it is neither planned nor compiled: it is
-        # replayed, timed again (the kept time is the
-        # minimum, as a busy machine only ever inflates it), and counts against
-        # deferral. AdamW's 256-op windows (2-3 ms eager, ~4 ms to capture) are the
-        # case: compiling them cost a 2-core machine tens of seconds of contended CPU
-        # for a result that could not beat eager.
+    def _run_unpaying(self, window: Window, history: WindowHistory) -> FlushResult:
+        """A window whose capture cannot pay (Note [Windows that cannot pay for their
+        capture are not compiled], runtime/adapt.py): replayed and timed again (the first
+        sighting's capture ran metadata kernels cold), never planned."""
         values, capture_ns, ran_ns = self._replay_timed(window)
-        cap = self._capture_ns.get(key)
-        if capture_ns is not None and cap is not None:
-            # The first sighting's capture ran metadata kernels cold (memo misses).
-            self._capture_ns[key] = min(cap, capture_ns)
-        self._eager_ns[key] = min(eager_ns, ran_ns)
-        self.defer.note_window(len(window.nodes), False)
-        return values
-
-    def should_defer(self, weight: int = 1) -> bool:
-        """O(1): whether the mode should keep deferring ops (``passthrough.DeferPolicy``).
-
-        (Each instance binds this name to its policy's method directly: it is asked on
-        every torch call.)"""
-        return self.defer.should_defer(weight)
+        history.timed(ran_ns, capture_ns if history.capture_ns is not None else None)
+        return FlushResult(values, Verdict(len(window.nodes)))
 
     # -- planning -------------------------------------------------------------------
     def _plan(self, window: Window, groups: Mapping[int, int]) -> Plan:
@@ -276,24 +235,24 @@ class CompiledExecutor:
                 index[i] = len(index)
         steps = []
         for region in part.steps:
-            slots = tuple((index[i], scalar_dtype(window.specs[window.nodes[i].outputs[0]].dtype))
+            slots = tuple((index[i], scalar_dtype(lifted_dtype(window.nodes[i], window.specs)))
                           for i in region.nodes if i in index) if region.fused else ()
-            steps.append(Step(region, slots))
+            mutated = tuple(j for j, v in enumerate(region.inputs) if v in region.mutated)
+            steps.append(Step(region, slots, mutated, _by_input(region)))
         return Plan(tuple(steps), any(r.fused for r in part.steps))
 
     # -- running --------------------------------------------------------------------
     def _run_eager(self, window: Window, region: Region, env: dict) -> None:
         if _profiling():
             with torch.profiler.record_function("adaptive_eager.eager_replay"):
-                for i in region.nodes:
-                    run_node(window.nodes[i], env)
+                run_nodes(window, region.nodes, env)
         else:
-            for i in region.nodes:
-                run_node(window.nodes[i], env)
+            run_nodes(window, region.nodes, env)
         self.counters.ops_eager += len(region.nodes)
         if not region.fused and region.reason not in _COST_REASONS:
             for i in region.nodes:
-                self.counters.note_fallback(window.nodes[i].name, region.reason)
+                node = window.nodes[i]
+                self.counters.note_fallback(node.name, region.reason, target=node.target)
 
     def _run_fused(self, window: Window, step: Step, env: dict, floats: list) -> bool:
         """Run one fused region; True while it is (or may become) compiled."""
@@ -302,6 +261,7 @@ class CompiledExecutor:
         if entry.state == COMPILED and entry.fn is not None:
             self.counters.cache_hits += 1
             self._call_compiled(window, step, entry, env, floats)
+            window.progress.done.extend(region.nodes)
             return True
         if entry.state == EAGER_ONLY:
             self._run_eager(window, region, env)
@@ -315,6 +275,7 @@ class CompiledExecutor:
                 self.compiler.submit(entry, lambda: self._lower(window, region))
                 if entry.state == COMPILED:
                     self._call_compiled(window, step, entry, env, floats)
+                    window.progress.done.extend(region.nodes)
                     return True
         t0 = time.perf_counter_ns()
         self._run_eager(window, region, env)
@@ -332,7 +293,9 @@ class CompiledExecutor:
         for slot, (fi, dtype) in enumerate(step.scalars):
             v = floats[fi]
             hit = cache.get(slot)
-            if hit is None or hit[0] != v:
+            # -0.0 == 0.0, but not as a factor (Note [Floats in keys are compared by
+            # bits]); NaN != NaN, so a NaN is made afresh, payload and all.
+            if hit is None or hit[0] != v or (v == 0.0 and copysign(1.0, v) != copysign(1.0, hit[0])):
                 hit = cache[slot] = (v, torch.tensor(v, dtype=dtype))
             out.append(hit[1])
         return out
@@ -343,22 +306,50 @@ class CompiledExecutor:
         args = [env[v] for v in region.inputs]
         if step.scalars:
             args.extend(self._scalars(step, entry, floats))
-        if not entry.checked:
-            if not self._first_call(window, region, entry, env, args):
-                return
-        elif len(entry.compiled_ns) < _TIMED_CALLS and self.demote:
-            t0 = time.perf_counter_ns()
-            outs = entry.fn(*args)
-            entry.compiled_ns.append(time.perf_counter_ns() - t0)
-            self._bind(region, env, outs)
-            self._maybe_demote(entry)
+        if step.index_checks and not indices_in_range(args, step.index_checks):
+            # Note [Compiled code never sees an index eager would reject]: eager raises
+            # its own error (or computes, where a range is stricter than eager's).
+            self._run_eager(window, region, env)
             return
-        elif _profiling():
-            with torch.profiler.record_function("adaptive_eager.compiled_region"):
+        if not entry.checked:
+            self._first_call(window, region, entry, env, args)
+            return
+        written = [args[j] for j in step.mutated if not args[j].is_inference()]
+        versions = [t._version for t in written]
+        timed = len(entry.compiled_ns) < _TIMED_CALLS and self.demote
+        try:
+            if timed:
+                t0 = time.perf_counter_ns()
                 outs = entry.fn(*args)
-            self._bind(region, env, outs)
-        else:
-            self._bind(region, env, entry.fn(*args))
+                entry.compiled_ns.append(time.perf_counter_ns() - t0)
+            elif _profiling():
+                with torch.profiler.record_function("adaptive_eager.compiled_region"):
+                    outs = entry.fn(*args)
+            else:
+                outs = entry.fn(*args)
+        except Exception as e:  # noqa: BLE001 - a checked artifact that fails later
+            reason = f"compiled call failed: {type(e).__name__}: {e}"
+            if region.mutated:
+                # Its in-place updates may be partly done: replaying them would apply
+                # them twice, so the program sees the error (Note [The first compiled
+                # call runs on copies] covers the first call only).
+                self.compiler.fail(entry, reason, stays_correct=False)
+                raise
+            self.compiler.fail(entry, reason)
+            self._run_eager(window, region, env)
+            return
+        if written:
+            # Note [Version counters of written inputs]
+            # Each in-place op bumped its tensor's version when it was recorded (autograd's
+            # ADInplaceOrView runs before our mode), as eager does, and a write through
+            # ``p.data`` bumped none of p's. Functionalizing backends (aot_eager, Inductor)
+            # write mutated inputs back with a copy into the input itself, which bumps it
+            # again (a hand-written SGD step moved ``weight._version`` 1 -> 3 in 3 steps);
+            # the counts are put back to what eager shows.
+            _set_versions(tuple(written), tuple(versions))
+        self._bind(region, env, outs)
+        if timed:
+            self._maybe_demote(entry)
 
     def _bind(self, region: Region, env: dict, outs: Any) -> None:
         for vid, t in zip(region.outputs, outs):
@@ -366,31 +357,43 @@ class CompiledExecutor:
         self.counters.compiled_calls += 1
         self.counters.ops_fused += len(region.nodes)
 
+    # Note [The first compiled call runs on copies]
+    # An artifact's first call is checked: its outputs against the recorded specs, the
+    # inputs it must only read against what they held, and (``verify_compiled``) its
+    # outputs and in-place updates against an eager run. It runs on copies of every
+    # argument, so that no compiler bug reaches the program's data: a write into an input
+    # the region only reads is caught on the copy, and an in-place update (an SGD step,
+    # ``p.data.add_(g)``, Note [Writes through views made inside a region]) lands on the
+    # copy, to be compared with eager's, which is the one the program keeps. Only a
+    # region that writes no input, returns no view of one and passed every check binds
+    # the compiled results of this call; the others run eagerly this once. The copies
+    # cost each region's inputs once, in memory and time, at its first compiled call.
     def _first_call(self, window: Window, region: Region, entry: RegionEntry, env: dict,
                     args: list) -> bool:
-        """Check the artifact once: compiled on clones vs eager on the real inputs.
+        """Check the artifact once, on copies (Note [The first compiled call runs on copies]).
 
         True when the compiled results were bound; False when the region ran eagerly.
         """
         entry.checked = True
-        clones = [clone_strided(a) if i < len(region.inputs) and
-                  region.mutated else a for i, a in enumerate(args)]
+        copies = [clone_strided(a) if isinstance(a, torch.Tensor) else a for a in args]
         try:
-            outs = entry.fn(*clones)
+            outs = entry.fn(*copies)
         except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
             self.compiler.fail(entry, f"compiled call failed: {type(e).__name__}: {e}")
             self._run_eager(window, region, env)
             return False
-        if not self.options.verify_compiled:
-            problem = outputs_match(window, region, outs, None, None, None)
-            if problem is None and not region.mutated:
-                self._bind(region, env, outs)
-                return True
+        problem = outputs_match(window, region, outs, None, None, None) or \
+            inputs_intact(region, args, copies)
+        if problem is None and not self.options.verify_compiled and not region.mutated \
+                and not aliases_any(outs, copies):
+            self._bind(region, env, outs)
+            return True
         t0 = time.perf_counter_ns()
         self._run_eager(window, region, env)
         entry.eager_ns.append(time.perf_counter_ns() - t0)
-        ref = [env[v] for v in region.outputs]
-        problem = outputs_match(window, region, outs, ref, clones, env)
+        if problem is None and self.options.verify_compiled:
+            ref = [env[v] for v in region.outputs]
+            problem = outputs_match(window, region, outs, ref, copies, env)
         if problem is not None:
             self.compiler.fail(entry, f"compiled outputs differ: {problem}")
         return False

@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
+import queue
 import sys
 import threading
 import time
@@ -31,11 +32,13 @@ from typing import Any, Callable
 
 import torch
 
+from .._logging import artifact_logger
 from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from .compile_worker import THREADS_META, Exiting
 from .counters import Counters
 
 log = logging.getLogger("adaptive_eager")
+clog = artifact_logger("ae_compiles")
 
 FUEL_ENV = "ADAPTIVE_EAGER_FUEL"
 
@@ -50,9 +53,66 @@ FUEL_ENV = "ADAPTIVE_EAGER_FUEL"
 COMPILE_SWITCH_INTERVAL_S = 1e-4
 
 
+# Note [Compile threads never block exit]
+# concurrent.futures' ThreadPoolExecutor joins its (non-daemon) threads at interpreter
+# exit, so a compiler that never returns (a hung in-process compile: the timeout marks
+# its region eager-only but cannot stop it) kept a finished program from exiting. The
+# service runs its compiles in one daemon thread of its own instead; a compile still
+# running at exit is abandoned, as the worker process's is (Note [One worker per process]).
+class _DaemonThread:
+    """One daemon thread running submitted calls in order; each returns a Future."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pid = -1
+
+    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        self._jobs.put((fut, fn, args))
+        if self._thread is None or self._pid != os.getpid():  # none yet, or forked
+            self._pid = os.getpid()
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.adaptive_eager_exempt = True  # type: ignore[attr-defined]
+            self._thread.start()
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fut, fn, args = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits on it
+                fut.set_exception(e)
+
+    def shutdown(self) -> None:
+        """Cancel queued calls and let the thread end after the current one."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
+        self._jobs.put(None)
+
+
 def _fuel_from_env() -> int | None:
-    raw = os.environ.get(FUEL_ENV, "").strip()
-    return int(raw) if raw else None
+    """``ADAPTIVE_EAGER_FUEL`` (None: unset); a bad value raises ConfigError naming it."""
+    from ..config import switch  # noqa: PLC0415 - a leaf module
+
+    return switch(FUEL_ENV)
+
+
+def _short(key: Any) -> str:
+    """A region key as a short, stable id for logs."""
+    return f"{hash(key) & 0xFFFFFFFF:08x}"
 
 
 class CompileService:
@@ -70,14 +130,14 @@ class CompileService:
         self.async_ = async_
         self.timeout_s = timeout_s
         self.fuel = _fuel_from_env() if fuel == -1 else fuel
-        self._pool: cf.ThreadPoolExecutor | None = None
+        self._pool: _DaemonThread | None = None
         self._lock = threading.Lock()
         self._logged: set[str] = set()
 
-    def _executor(self) -> cf.ThreadPoolExecutor:
+    def _executor(self) -> _DaemonThread:
         with self._lock:
             if self._pool is None:
-                self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="adaptive_eager-compile")
+                self._pool = _DaemonThread("adaptive_eager-compile")
             return self._pool
 
     def take_fuel(self) -> bool:
@@ -107,6 +167,8 @@ class CompileService:
         entry.submitted_at = time.monotonic()
         with self.counters.lock:
             self.counters.compiles_in_flight += 1
+        clog.debug("compile queued: region %s (%d graph nodes, %d in flight)", _short(entry.key),
+                   len(getattr(getattr(gm, "graph", None), "nodes", ())), self.counters.compiles_in_flight)
         fut = self._executor().submit(self._compile, entry, gm, example)
         if not self.async_:
             try:
@@ -116,6 +178,8 @@ class CompileService:
 
     def _compile(self, entry: RegionEntry, gm: Any, example: list) -> None:
         t0 = time.perf_counter()
+        clog.debug("compile started: region %s (queued %.2f s)", _short(entry.key),
+                   time.monotonic() - entry.submitted_at)
         switch = sys.getswitchinterval()
         sys.setswitchinterval(min(switch, COMPILE_SWITCH_INTERVAL_S))  # Note [GIL convoy]
         try:
@@ -145,6 +209,7 @@ class CompileService:
             return
         entry.fn = fn
         entry.state = COMPILED
+        clog.debug("compile finished: region %s in %.2f s", _short(entry.key), dt)
         with self.counters.lock:
             self.counters.regions_compiled += 1
 
@@ -153,16 +218,27 @@ class CompileService:
         if self.timeout_s and time.monotonic() - entry.submitted_at > self.timeout_s:
             self.fail(entry, f"compile timed out after {self.timeout_s:.0f} s")
 
-    def fail(self, entry: RegionEntry, reason: str, count: str = "compile_failures") -> None:
-        """Mark ``entry`` eager-only, count it, and log once per kind of reason."""
+    def fail(self, entry: RegionEntry, reason: str, count: str = "compile_failures",
+             stays_correct: bool = True) -> None:
+        """Mark ``entry`` eager-only, count it, and log once per kind of reason.
+
+        ``stays_correct=False``: the failure reached the program (a compiled call that
+        raised after its first, checked one, in a region that writes its inputs); the
+        log says so instead of promising correct results."""
         if entry.state == EAGER_ONLY:
             return
         entry.state, entry.fn, entry.reason = EAGER_ONLY, None, reason
+        clog.debug("%s: region %s runs eagerly from now on: %s",
+                   "demoted" if count == "demotions" else "compile failed", _short(entry.key), reason)
         with self.counters.lock:
             setattr(self.counters, count, getattr(self.counters, count) + 1)
             self.counters.note_fallback("region", reason.split(":")[0])
         kind = reason.split(":")[0]
-        if kind not in self._logged:
+        if not stays_correct:
+            log.warning("adaptive_eager: a compiled region raised (%s) after writing some of its "
+                        "inputs; the error reaches the program and the region runs eagerly "
+                        "from now on.", reason)
+        elif kind not in self._logged:
             self._logged.add(kind)
             log.warning("adaptive_eager: a region runs eagerly from now on (%s); results stay "
                         "correct. Further such events are counted, not logged.", reason)
@@ -170,7 +246,7 @@ class CompileService:
     def shutdown(self) -> None:
         with self._lock:
             if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool.shutdown()
                 self._pool = None
 
 

@@ -30,6 +30,8 @@ class Counters:
     flushes: Counter = field(default_factory=Counter)       # reason -> count
     sync_sites: Counter = field(default_factory=Counter)    # user source line -> count
     fallback_ops: Counter = field(default_factory=Counter)  # "op: reason" -> count
+    fallback_sites: dict = field(default_factory=dict)     # op -> the user's line first seen
+    sources_wanted: dict = field(default_factory=dict)     # op target -> op, for the mode
     regions_compiled: int = 0
     compiled_calls: int = 0
     compile_failures: int = 0
@@ -41,6 +43,7 @@ class Counters:
     compiles_in_flight: int = 0
     meta_hits: int = 0
     meta_misses: int = 0
+    optimizer_steps_foreach: int = 0  # torch.optim steps run at the foreach level (dispatch/optim.py)
     handles_released: int = 0     # bound handles turned into plain tensors (mode.release_handles)
     warmup_ended: str = ""        # why and where capture started (Note [The first iteration runs eagerly])
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -50,8 +53,16 @@ class Counters:
         if site is not None:
             self.sync_sites[site] += 1
 
-    def note_fallback(self, op: str, reason: str) -> None:
+    def note_fallback(self, op: str, reason: str, site: str | None = None,
+                      target: object = None) -> None:
+        """Count a fallback of ``op``; ``site``: the program's line, if known here. Without
+        one, ``target`` (the op) asks the mode for the line of its next recording."""
         self.fallback_ops[f"{op}: {reason}"] += 1
+        if op not in self.fallback_sites:
+            if site is not None:
+                self.fallback_sites[op] = site
+            elif target is not None:
+                self.sources_wanted[target] = op
 
     def reset(self) -> None:
         fresh = Counters()

@@ -1,8 +1,13 @@
 """Executors: how a flushed window is turned into real tensors.
 
-The contract (``Executor.run``) takes a :class:`~adaptive_eager.fusion.ir.Window` and
-returns ``{value id: real tensor}`` for every id in ``window.outputs``, having
-applied every in-place update of the window's real inputs. :class:`EagerExecutor`
+The contract (:class:`Executor`): ``run`` takes a :class:`~adaptive_eager.fusion.ir.Window`
+and returns a :class:`FlushResult`: ``values``, ``{value id: real tensor}`` for every id in
+``window.outputs``, having applied every in-place update of the window's real inputs, and
+a :class:`Verdict`, the facts about the window that the pass-through policy weighs
+(``runtime.adapt``); an executor never steers the policy itself. ``close`` releases what
+it holds (compile threads). While it runs, it keeps
+``window.progress`` (its env from ``progress.start``, the nodes done), so that a run
+that fails part-way can be finished by ``runtime.recovery``. :class:`EagerExecutor`
 replays the window op by op; the compiled executor (``runtime.compiled``) runs
 hot regions through a compile backend and delegates the rest to it.
 
@@ -13,14 +18,16 @@ Example::
     >>> x = torch.ones(2)
     >>> w = Window({0: x}, (OpNode(torch.ops.aten.add.Tensor, (ValueRef(0), ValueRef(0)), (), (1,)),),
     ...            {0: TensorSpec.of(x), 1: TensorSpec.of(x)}, frozenset({1}))
-    >>> EagerExecutor().run(w)[1]
-    tensor([2., 2.])
+    >>> r = EagerExecutor().run(w)
+    >>> r.values[1], r.verdict
+    (tensor([2., 2.]), Verdict(ops=1, worth=False, novel=False, reshaped=False, pending=False))
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Mapping, Protocol
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping, Protocol
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -71,10 +78,52 @@ def run_node(node: OpNode, env: dict[int, torch.Tensor]) -> None:
             env[vid] = t
 
 
-class Executor(Protocol):
-    """Runs a window; see the module docstring for the contract."""
+def run_nodes(window: Window, indices: Iterable[int], env: dict[int, torch.Tensor]) -> None:
+    """Run ``window.nodes[i]`` for each ``i`` in order, recording ``window.progress``."""
+    nodes = window.nodes
+    progress = window.progress
+    done = progress.done
+    for i in indices:
+        progress.at = i
+        run_node(nodes[i], env)
+        done.append(i)
+    progress.at = -1
 
-    def run(self, window: Window) -> Mapping[int, torch.Tensor]:
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one flushed window says about deferring (weighed by ``adapt.DeferPolicy``).
+
+    ``ops``: its size; ``worth``: it held a region that is (or may become) compiled and
+    pays for its capture; ``novel``: a first sighting (worth unknown yet); ``reshaped``: a
+    first sighting of ops seen lately on other shapes; ``pending``: its regions are
+    compiling (Note [Waiting for compiles runs eagerly]).
+    """
+
+    ops: int
+    worth: bool = False
+    novel: bool = False
+    reshaped: bool = False
+    pending: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    """``Executor.run``'s answer: the live values, and the verdict on the window."""
+
+    values: Mapping[int, torch.Tensor]
+    verdict: Verdict
+
+
+class Executor(Protocol):
+    """Runs windows; see the module docstring for the contract."""
+
+    def run(self, window: Window) -> FlushResult:
+        """Run ``window``: its live values and the verdict on it."""
+        ...
+
+    def close(self) -> None:
+        """Release what the executor holds (compile threads); it may not run again."""
         ...
 
 
@@ -86,12 +135,15 @@ class EagerExecutor:
     Windows are bounded (``window_size``); freeing at last use is not done yet.
     """
 
-    def run(self, window: Window) -> Mapping[int, torch.Tensor]:
-        env: dict[int, torch.Tensor] = dict(window.inputs)
+    def run(self, window: Window) -> FlushResult:
+        env = window.progress.start(window.inputs)
         with replay_guard():
-            for node in window.nodes:
-                run_node(node, env)
-        return {vid: env[vid] for vid in window.outputs}
+            run_nodes(window, range(len(window.nodes)), env)
+        return FlushResult({vid: env[vid] for vid in window.outputs}, Verdict(len(window.nodes)))
+
+    def close(self) -> None:
+        pass
 
 
-__all__ = ["Executor", "EagerExecutor", "replay_guard", "run_node"]
+__all__ = ["Executor", "EagerExecutor", "FlushResult", "Verdict", "replay_guard", "run_node",
+           "run_nodes"]

@@ -1,4 +1,9 @@
-"""Summary rows and the text table (pure functions: no torch, unit-tested)."""
+"""Summary rows and the text table (pure functions: no torch, unit-tested).
+
+The table is hand-written on purpose: its columns carry ± spreads, footnote marks and
+"-" cells aligned by rules of its own, which a table library would need as much code
+to express, and it adds no dependency to an install.
+"""
 from __future__ import annotations
 
 import math

@@ -18,12 +18,18 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from benchmarks import table as T
-from benchmarks import workloads as W
+from tqdm import tqdm
+
+from adaptive_eager.benchmarks import table as T
+from adaptive_eager.benchmarks import workloads as W
 
 PKG_DIR = Path(__file__).resolve().parent
-ROOT = PKG_DIR.parent                      # directory that contains the benchmarks package
-DEFAULT_JSON = PKG_DIR / "results" / "latest.json"
+ROOT = PKG_DIR.parent.parent               # directory that contains the adaptive_eager package
+# In a source checkout results go to benchmarks/results/ (git-ignored); from an install,
+# to the current directory (the package's own folder may not be writable).
+_CHECKOUT_RESULTS = ROOT / "benchmarks" / "results"
+DEFAULT_JSON = (_CHECKOUT_RESULTS if (ROOT / "pyproject.toml").is_file() else Path.cwd()) \
+    / ("latest.json" if (ROOT / "pyproject.toml").is_file() else "adaptive-eager-bench.json")
 MODES = T.MODES
 
 
@@ -33,7 +39,7 @@ def _csv(s: str) -> List[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks",
+        prog="adaptive-eager bench",
         description="adaptive-eager benchmark suite: eager vs adaptive eager vs torch.compile, "
                     "one fresh process per (workload, mode).")
     p.add_argument("--workloads", type=_csv, default=None,
@@ -70,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_subprocess(spec: W.Spec, mode: str, a: argparse.Namespace, log) -> Dict[str, Any]:
     tmp = tempfile.mkdtemp(prefix="ae-bench-")
     out = os.path.join(tmp, "result.json")
-    cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", spec.name, "--mode", mode,
+    cmd = [sys.executable, "-m", "adaptive_eager.benchmarks.worker", "--workload", spec.name, "--mode", mode,
            "--out", out, "--threads", str(a.threads), "--seed", str(a.seed), "--settle", str(a.settle),
            "--adaptive-options", a.adaptive_options,
            "--workload-options", f"launch_latency_us={a.launch_latency_us}"]
@@ -113,6 +119,26 @@ def _run_subprocess(spec: W.Spec, mode: str, a: argparse.Namespace, log) -> Dict
     return res
 
 
+def load_warning(load: Optional[float], own: float = 0.0, ncpu: Optional[int] = None) -> str:
+    """A warning line when other processes took at least half the machine: the 1-min load
+    average ``load`` less ``own`` (the suite's own runs: their threads and the compile
+    worker) above half the CPUs; else ``""``.
+
+    Example::
+
+        >>> load_warning(2.5, ncpu=2).startswith("WARNING")
+        True
+        >>> load_warning(2.5, own=3, ncpu=2)
+        ''
+    """
+    ncpu = ncpu or os.cpu_count() or 1
+    if load is None or load - own <= 0.5 * ncpu:
+        return ""
+    return (f"WARNING: the 1-min load average was {load:.1f} on {ncpu} CPUs: other processes "
+            "compete for the cores, so times are inflated and the ratios below may be "
+            "meaningless (rerun on an idle machine, or compare --stat min)")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     a = build_parser().parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)
@@ -132,13 +158,23 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     jobs = [(s, m) for s in specs for m in a.modes if m in s.modes]
     runs: List[Dict[str, Any]] = []
+    busy = load_warning(os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+    if busy:
+        log(busy)
     t_suite = time.perf_counter()
-    for i, (s, m) in enumerate(jobs, 1):
-        log(f"[{i}/{len(jobs)}] {s.name} / {m} ...")
-        r = _run_subprocess(s, m, a, log)
-        what = T.fmt_time(r.get("time_s")) if r.get("status") == "ok" else f"{r.get('status')}: {r.get('message')}"
-        log(f"[{i}/{len(jobs)}] {s.name} / {m}: {what}  (process {r['wall_s']:.1f}s)")
-        runs.append(r)
+    # A progress bar with an ETA on a terminal (tqdm: no bar, and these lines, in a log).
+    with tqdm(total=len(jobs), unit="run", file=sys.stderr, disable=None, dynamic_ncols=True,
+              bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}") as bar:
+        say = log if bar.disable else (lambda text: bar.write(text, file=sys.stderr))
+        for i, (s, m) in enumerate(jobs, 1):
+            bar.set_postfix_str(f"{s.name} / {m}")
+            if bar.disable:
+                log(f"[{i}/{len(jobs)}] {s.name} / {m} ...")
+            r = _run_subprocess(s, m, a, say)
+            what = T.fmt_time(r.get("time_s")) if r.get("status") == "ok" else f"{r.get('status')}: {r.get('message')}"
+            say(f"[{i}/{len(jobs)}] {s.name} / {m}: {what}  (process {r['wall_s']:.1f}s)")
+            runs.append(r)
+            bar.update(1)
     suite_s = time.perf_counter() - t_suite
 
     if a.stat != "median":
@@ -161,14 +197,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"adaptive-eager benchmarks  (torch {torch.__version__}, {a.threads} threads"
           f"{', QUICK sizes' if a.quick else ''}; {a.stat} time per iteration ±half-IQR/median; "
           f"suite {suite_s:.0f}s)")
+    loads = [x for r in runs for x in (r.get("loadavg_start"), r.get("loadavg_end")) if x is not None]
+    busy = load_warning(max(loads) if loads else None, own=a.threads + 1)
+    meta["load_warning"] = busy
+    if busy:
+        print(busy)  # before the ratios it puts in doubt
     print(T.format_table(rows))
     notes = T.format_notes(rows)
-    loads = [x for r in runs for x in (r.get("loadavg_start"), r.get("loadavg_end")) if x is not None]
-    ncpu = os.cpu_count() or 1
-    if loads and max(loads) > ncpu:
-        notes = (notes + "\n" if notes else "") + (
-            f"  WARNING: 1-min load average reached {max(loads):.1f} on {ncpu} CPUs during the runs: "
-            "other processes competed for the cores, timings are inflated and noisy.")
     if notes:
         print("notes:")
         print(notes)

@@ -20,6 +20,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -27,31 +28,32 @@ from typing import Any, Dict, List, Optional
 
 
 def percentile(xs: List[float], q: float) -> float:
-    s = sorted(xs)
-    if not s:
+    """Linear interpolation between closest ranks (``statistics.quantiles``' inclusive
+    method), for ``q`` in [0, 1]; nan for no data."""
+    if not xs:
         return float("nan")
-    pos = (len(s) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    if len(xs) == 1 or q <= 0 or q >= 1:
+        return min(xs) if q <= 0 else max(xs) if q >= 1 else xs[0]
+    # 100 cut points would be exact for whole percents; q here is always a whole percent.
+    return statistics.quantiles(xs, n=100, method="inclusive")[round(q * 100) - 1]
 
 
 def summarize_times(times: List[float]) -> Dict[str, Any]:
-    med = percentile(times, 0.5)
+    med = statistics.median(times) if times else float("nan")
+    p25, p75 = percentile(times, 0.25), percentile(times, 0.75)
     return {
         "n": len(times),
         "median_s": med,
-        "mean_s": sum(times) / len(times) if times else None,
+        "mean_s": statistics.fmean(times) if times else None,
         "min_s": min(times) if times else None,
         "max_s": max(times) if times else None,
         "p10_s": percentile(times, 0.10),
-        "p25_s": percentile(times, 0.25),
-        "p75_s": percentile(times, 0.75),
+        "p25_s": p25,
+        "p75_s": p75,
         "p90_s": percentile(times, 0.90),
         "total_s": sum(times),
         # half the interquartile range, relative to the median
-        "spread_rel": ((percentile(times, 0.75) - percentile(times, 0.25)) / 2 / med)
-                      if times and med > 0 else None,
+        "spread_rel": (p75 - p25) / 2 / med if times and med > 0 else None,
     }
 
 
@@ -78,8 +80,8 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
             threads: int = 2, seed: int = 0, quick: bool = False,
             adaptive_options: Optional[Dict[str, Any]] = None, settle_s: float = 60.0,
             workload_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    from benchmarks import workloads as W
-    from benchmarks.adaptive_api import AdaptiveAPI, Unavailable as ApiUnavailable, derive, diff_stats
+    from adaptive_eager.benchmarks import workloads as W
+    from adaptive_eager.benchmarks.adaptive_api import AdaptiveAPI, Unavailable as ApiUnavailable, derive, diff_stats
 
     t_start = time.perf_counter()
     load_start = _loadavg()

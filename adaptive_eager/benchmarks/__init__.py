@@ -1,0 +1,1 @@
+"""adaptive-eager benchmark suite. Run ``python -m benchmarks`` (see README.md)."""

@@ -1,0 +1,88 @@
+"""torch.optim steps at the foreach level (Note [Optimizer steps at the foreach level]).
+
+Example::
+
+    >>> import torch
+    >>> p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.ones(3)
+    >>> opt = torch.optim.AdamW([p], lr=0.1)
+    >>> switched = use_foreach(opt)
+    >>> [g["foreach"] for g in opt.param_groups], len(switched)
+    ([True], 1)
+    >>> restore(switched); opt.param_groups[0]["foreach"] is None
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from .lazy import LazyTensor
+
+_optim = torch.optim
+
+# Note [Optimizer steps at the foreach level]
+# On CPU, torch.optim leaves ``foreach=None`` to mean the single-tensor implementation
+# (``_default_to_fused_or_foreach`` picks foreach only on cuda, xpu and the PrivateUse1
+# device): AdamW over 100 tensors is ~1,700 dispatcher ops per step, each costing far more
+# to capture than to run, so the runtime could only pass the step through. The
+# multi-tensor implementation is ~15 ops for all parameters, and for the optimizers in
+# FOREACH_EQUAL it gives parameters and state bitwise equal to the single-tensor one on
+# float32 and float64 tensors (checked on torch 2.13 over 50 steps with an lr schedule,
+# weight decay, amsgrad, momentum/nesterov/dampening, centered, lr_decay, maximize and
+# grads that are None on some steps; tests/test_optim.py re-checks it against the
+# installed torch). It is also 2.7x faster eagerly (AdamW, 100 tensors: 37.8 against
+# 101.7 ms on a loaded machine). So while a runtime is active in the thread, a step whose
+# param group left ``foreach`` unset (None) runs with ``foreach=True``, and the group gets
+# its None back after the step. Left alone: an explicit ``foreach=False``/``True`` or
+# ``fused``; other optimizer classes (subclasses included: they may override step), and
+# NAdam, RAdam and ASGD, whose foreach paths round differently (up to 1e-6 relative);
+# groups with a tensor lr, ``differentiable`` or ``capturable``; half-precision, complex
+# or sparse parameters or gradients (the foreach kernels compute those in another
+# precision).
+FOREACH_EQUAL: frozenset[type] = frozenset({
+    _optim.Adam, _optim.AdamW, _optim.SGD, _optim.RMSprop, _optim.Adagrad, _optim.Adamax,
+    _optim.Adadelta, _optim.Rprop,
+})
+_DTYPES = (torch.float32, torch.float64)
+# Gradients made inside the block are handles (their metadata is the real tensor's).
+_PLAIN = (torch.Tensor, torch.nn.Parameter, LazyTensor)
+
+
+def _tensor_ok(t: Any) -> bool:
+    return t is None or (type(t) in _PLAIN and t.dtype in _DTYPES and t.layout == torch.strided)
+
+
+def qualifies(group: dict) -> bool:
+    """Whether a param group may run its step with ``foreach=True`` (see the Note)."""
+    if group.get("foreach", False) is not None or group.get("fused") or \
+            group.get("differentiable") or group.get("capturable"):
+        return False
+    if isinstance(group.get("lr"), torch.Tensor):
+        return False
+    return all(_tensor_ok(p) and _tensor_ok(p.grad) for p in group["params"])
+
+
+def use_foreach(opt: torch.optim.Optimizer) -> list[dict]:
+    """Switch ``opt``'s qualifying param groups to ``foreach=True``; the groups switched.
+
+    Only for optimizer classes in :data:`FOREACH_EQUAL` (exact type). Hand the result to
+    :func:`restore` when the step is over.
+    """
+    if type(opt) not in FOREACH_EQUAL:
+        return []
+    switched = [g for g in opt.param_groups if qualifies(g)]
+    for g in switched:
+        g["foreach"] = True
+    return switched
+
+
+def restore(groups: Iterable[dict]) -> None:
+    """Give groups switched by :func:`use_foreach` their ``foreach=None`` back."""
+    for g in groups:
+        if g.get("foreach") is True:
+            g["foreach"] = None
+
+
+__all__ = ["FOREACH_EQUAL", "qualifies", "use_foreach", "restore"]

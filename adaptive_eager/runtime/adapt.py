@@ -1,0 +1,346 @@
+"""Adaptation: when capturing pays, and what to do with each window. One owner.
+
+Everything that decides whether the runtime keeps deferring ops lives here:
+
+* :class:`DeferPolicy`, the session's pass-through policy: fed one :class:`Verdict` per
+  flushed window (by the mode, from ``Executor.run``'s result), asked in O(1) before
+  every new window whether to defer at all;
+* :class:`WindowLog`, one bounded LRU of :class:`WindowHistory` per window key (its plan,
+  whether it was seen once, its measured eager and capture times) and the shapeless
+  signatures that tell a reshaped window;
+* :func:`route` (what a flush does with a window it has a history for) and
+  :func:`judge` (the verdict after running it);
+* :func:`transition`, the one function that moves a compiled region's cache entry
+  between its states (cold -> compiling -> compiled, any -> eager-only).
+
+Mechanisms ask through these names only: the executor (runtime/compiled.py), the compile
+service (runtime/compiler.py), the mode and parking (dispatch/). A newcomer changing "when
+to stop deferring" edits this file.
+
+Example::
+
+    >>> p = DeferPolicy(patience=2, probe_every=3)
+    >>> p.note(Verdict(50)); p.note(Verdict(50))
+    >>> [p.should_defer() for _ in range(4)]
+    [False, False, True, False]
+    >>> p.note(Verdict(50, worth=True)); p.should_defer()
+    True
+    >>> w = DeferPolicy(warmup=True)     # the first iteration runs eagerly
+    >>> w.should_defer(), w.end_warmup(), w.should_defer()
+    (False, True, True)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+import cachetools
+
+from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
+from .executor import Verdict
+
+# Note [Capture must cost less than the work]
+# Fusion pays back at most the window's eager time, while capturing costs about
+# CAPTURE_NS_PER_OP per op in Python (measured: ~15-20 µs/op on this 2-core CPU,
+# benchmarks/README.md). A window whose ops run faster eagerly than that (hidden size
+# 32, many tiny ops) cannot win however well it fuses: it counts as not worth
+# deferring, whatever the partitioner thinks of its regions. Once a window recurs, the
+# executor also measures it: the wall time from its first captured op to the end of its
+# run must be below its eager time, or it does not count as worth it. (That span also
+# holds the program's own Python between ops, which eager spends too: the test errs
+# towards passing through.)
+CAPTURE_NS_PER_OP = 15_000
+
+# How many novel windows one "reshaped" novel window counts for (DeferPolicy.note):
+# with novel_patience 48, a first sighting and two reshaped ones stop deferral.
+RESHAPED_WEIGHT = 24
+
+
+def pays_for_capture(eager_ns: float, n_ops: int) -> bool:
+    """Whether a window whose eager run took ``eager_ns`` is worth capturing."""
+    return eager_ns >= n_ops * CAPTURE_NS_PER_OP
+
+
+# -- one entry per window key ------------------------------------------------------------
+@dataclass
+class WindowHistory:
+    """What the runtime knows about one window key (mutable; one per key in WindowLog).
+
+    ``plan``: its partition and regions (None until it recurs, Note [First sightings are
+    not planned]); ``novel``: seen once and not planned; ``eager_ns`` / ``capture_ns``: its
+    eager run and its capture (first op to flush), the minimum over sightings that ran
+    eagerly (a busy machine only ever inflates them).
+    """
+
+    plan: Any = None
+    novel: bool = False
+    eager_ns: int | None = None
+    capture_ns: int | None = None
+
+    def pays(self, n_ops: int) -> bool:
+        """Whether its eager run outweighs capturing it (Note [Windows that cannot pay for
+        their capture are not compiled]): both measured in the same conditions, where a
+        fixed per-op capture cost would make every window look worth compiling on a busy
+        machine."""
+        if self.eager_ns is None:
+            return True
+        if self.capture_ns is None:
+            return pays_for_capture(self.eager_ns, n_ops)
+        return self.eager_ns >= self.capture_ns
+
+    def timed(self, eager_ns: int, capture_ns: int | None) -> None:
+        """Keep the minimum of each time measured on an eager sighting."""
+        self.eager_ns = eager_ns if self.eager_ns is None else min(self.eager_ns, eager_ns)
+        if capture_ns is not None:
+            self.capture_ns = capture_ns if self.capture_ns is None else min(self.capture_ns, capture_ns)
+
+
+class WindowLog:
+    """One bounded LRU of :class:`WindowHistory` per window key, and the shapeless
+    signatures (the ops of a window without shapes) seen lately, which tell a window
+    that recurs with new shapes (``reshaped``). Evicting a key drops everything known
+    about it at once."""
+
+    def __init__(self, maxsize: int, signatures: int = 256):
+        self._lru: cachetools.LRUCache = cachetools.LRUCache(maxsize)
+        self._signatures: cachetools.LRUCache = cachetools.LRUCache(signatures)
+
+    def get(self, key: Hashable) -> WindowHistory | None:
+        return self._lru.get(key)
+
+    def entry(self, key: Hashable) -> WindowHistory:
+        h = self._lru.get(key)
+        if h is None:
+            h = self._lru[key] = WindowHistory()
+        return h
+
+    def reshaped(self, signature: Hashable) -> bool:
+        """Whether a window with these ops (other shapes) was seen lately; remembers it."""
+        seen = signature in self._signatures
+        self._signatures[signature] = True
+        return seen
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+
+# -- what a flush does with a window -------------------------------------------------------
+UNPAYING, NOVEL, PLANNED = "unpaying", "novel", "planned"
+
+
+def route(history: WindowHistory | None, n_ops: int, options: Any, demote: bool) -> str:
+    """What to do with a window of this key: replay it eagerly because its capture
+    cannot pay (UNPAYING), replay it eagerly as a first sighting (NOVEL), or run its plan
+    (PLANNED, making it if needed).
+
+    Note [First sightings are not planned]
+    Nothing compiles on a window's first sighting (compile_after > 1), and programs
+    whose windows never recur (a new sequence length every step) would pay for
+    partitioning and lowering each one. So a first sighting is replayed eagerly, timed
+    (the eager cost weighed against capture), and only remembered; the plan is made when
+    the window comes back.
+
+    Note [Windows that cannot pay for their capture are not compiled]
+    A window whose eager run takes less than capturing its ops took (measured from its
+    first op to its flush on its first sighting; WindowHistory.pays) loses to eager
+    however well it fuses, so it is neither planned nor compiled: it is replayed, timed
+    again, and counts against deferral. AdamW's single-tensor 256-op windows (2-3 ms
+    eager, ~4 ms to capture) were the case: compiling them cost a 2-core machine tens of
+    seconds of contended CPU for a result that could not beat eager. Debugging backends
+    (``demote`` False) and forced capture (adaptive_passthrough off) still plan them.
+    """
+    if history is not None and history.eager_ns is not None and demote and \
+            options.adaptive_passthrough and not history.pays(n_ops):
+        return UNPAYING
+    if (history is None or history.plan is None) and options.compile_after > 1 and \
+            (history is None or not history.novel):
+        return NOVEL
+    return PLANNED
+
+
+def judge(history: WindowHistory, n_ops: int, worth: bool, ran_compiled: bool,
+          compiling: bool, ran_end_ns: int, opened_ns: int, async_compile: bool) -> Verdict:
+    """The verdict on a planned window after its run.
+
+    ``worth``: some region of it is (or may become) compiled; ``ran_compiled``: a compiled
+    region ran this time; ``compiling``: one of its regions is compiling now.
+    """
+    worth = worth and (history.eager_ns is None or pays_for_capture(history.eager_ns, n_ops))
+    if worth and not ran_compiled and async_compile and compiling:
+        # Note [Waiting for compiles runs eagerly]
+        # Its regions are compiling (in the worker process): capturing now would only
+        # add per-op cost until they are ready, so ops pass straight through until no
+        # compile is in flight, then the window is captured and judged again.
+        return Verdict(n_ops, worth=True, pending=True)
+    if worth and ran_compiled and history.eager_ns is not None and opened_ns:
+        # Measured, not estimated: once its regions run compiled, capturing this window
+        # (from its first op to the flush) plus running it must beat eager (Note [Capture
+        # must cost less than the work]).
+        worth = (ran_end_ns - opened_ns) < history.eager_ns
+    return Verdict(n_ops, worth=worth)
+
+
+# -- the session's pass-through policy ------------------------------------------------------
+class DeferPolicy:
+    """Stops deferral after ``patience`` windows in a row with nothing worth compiling.
+
+    ``enabled=False`` (option ``adaptive_passthrough``) always defers. Owned by the
+    session; the mode asks :meth:`should_defer` before opening a window (while it answers
+    False, it answers True once every ``probe_every`` calls, so a window is captured now
+    and then and judged again) and hands it each flushed window's :class:`Verdict`.
+    """
+
+    def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
+                 novel_patience: int = 48, in_flight: Callable[[], int] | None = None,
+                 warmup: bool = False):
+        self.enabled = enabled
+        # Note [The first iteration runs eagerly]
+        # Capturing a window the first time costs its ops' Python capture (15-90 µs each)
+        # plus cold metadata kernels, and buys nothing yet: a region compiles on a later
+        # sighting. So a warming policy starts out passing ops straight through, and
+        # capture starts where the program's iterations begin: its first read of a value
+        # (``loss.item()``, print, in the program's own code: torch's reads, like AdamW's
+        # of its step count, do not count; the owner calls end_warmup) or the end of its
+        # first optimizer step (a safe point). A program that does neither starts capturing
+        # at the first probe (``probe_every`` calls). Its first iteration then costs what
+        # eager's does, with no capture and no compile.
+        self.warming = enabled and warmup
+        self._in_flight = in_flight
+        self._waiting = False
+        self.patience = patience
+        self.probe_every = probe_every
+        self.novel_patience = novel_patience
+        self._novel_streak = 0
+        self._streak = 0
+        self._defer = not self.warming
+        self._calls = 0
+
+    @classmethod
+    def for_options(cls, options: Any, counters: Any) -> "DeferPolicy":
+        """The policy a session with ``options`` runs under (its compiles counted in
+        ``counters``)."""
+        return cls(options.adaptive_passthrough, warmup=options.warmup,
+                   in_flight=lambda: counters.compiles_in_flight)
+
+    def end_warmup(self) -> bool:
+        """Start capturing (Note [The first iteration runs eagerly]); True if warming."""
+        if not self.warming:
+            return False
+        self.warming = False
+        self._defer = True
+        self._calls = 0
+        return True
+
+    def note(self, verdict: Verdict) -> None:
+        """Record one flushed window's verdict.
+
+        A training step can span many windows, all novel on the first iteration, so
+        novel windows stop deferral only after a much longer run of them
+        (``novel_patience``): a program whose windows never recur (a new shape every
+        step) gains nothing from capture.
+
+        ``pending``: the window's regions are still compiling. Deferral stops until no
+        compile is in flight (``in_flight() == 0``), then resumes to judge the window
+        with its compiled regions (Note [Waiting for compiles runs eagerly]).
+        """
+        n_ops = verdict.ops
+        if verdict.pending:
+            if self.enabled and self._in_flight is not None:
+                self._waiting = True
+                self._defer = False
+            return
+        if verdict.novel:
+            if n_ops >= 4:
+                # ``reshaped``: the same ops as a window seen before, on other shapes (a
+                # sequence length that changes every step). Such windows will not recur
+                # either, and capturing each costs its ops' metadata kernels afresh
+                # (~0.5 ms per op for torch's Python ones), so they count RESHAPED_WEIGHT-
+                # fold: the second reshaped window in a row passes through (measured: a
+                # GPT forward with a new length each step costs 3-4x eager to capture).
+                self._novel_streak += RESHAPED_WEIGHT if verdict.reshaped else 1
+                if self.enabled and self._novel_streak >= self.novel_patience:
+                    self._defer = False
+            return
+        self._novel_streak = 0
+        if verdict.worth:
+            self._streak = 0
+            self._defer = True
+        elif n_ops >= 4:  # one or two ops say nothing about the program
+            self._streak += 1
+            if self.enabled and self._streak >= self.patience:
+                self._defer = False
+
+    @property
+    def deferring(self) -> bool:
+        """Whether the policy defers now (without counting a call towards a probe)."""
+        return self._defer
+
+    @property
+    def reason(self) -> str:
+        """Why ops pass straight through now (for logs and the report), or ``""``."""
+        if self._defer:
+            return ""
+        if self.warming:
+            return "warm-up: the first iteration runs eagerly"
+        if self._waiting:
+            return "waiting for compiles in flight"
+        if self._novel_streak >= self.novel_patience:
+            return f"{self._novel_streak} windows in a row never seen before (they do not recur)"
+        return f"{self._streak} windows in a row held nothing worth compiling"
+
+    def should_defer(self, weight: int = 1) -> bool:
+        """O(1). ``weight``: how many calls this one stands for (a safe point at the end
+        of an optimizer step stands for a step's worth of torch calls)."""
+        if self._defer:
+            return True
+        if self._waiting and self._in_flight() == 0:  # type: ignore[misc]
+            self._waiting = False
+            self._defer = True
+            return True
+        self._calls += weight
+        if self._calls >= self.probe_every:
+            self._calls = 0
+            if self.warming:
+                self.end_warmup()
+            return True
+        return False
+
+
+# -- a compiled region's states ----------------------------------------------------------------
+# Note [A region's states]
+# cold -> compiling (submitted) -> compiled (artifact ready) ; any -> eager_only (a
+# lowering, compile or call failed, timed out, mismatched eager, or lost to it). A late
+# result for an entry that left ``compiling`` meanwhile (timed out) is dropped; eager_only
+# is final. The compile thread and the program's thread both move entries, only here.
+_ALLOWED = {
+    COLD: (COMPILING, EAGER_ONLY),
+    COMPILING: (COMPILED, EAGER_ONLY),
+    COMPILED: (EAGER_ONLY,),
+    EAGER_ONLY: (),
+}
+
+
+def transition(entry: RegionEntry, to: str, reason: str = "", fn: Any = None) -> bool:
+    """Move ``entry`` to state ``to`` if the state machine allows it; True if it moved.
+
+    ``fn``: the artifact (to COMPILED); ``reason``: why (to EAGER_ONLY). Moving to
+    COMPILING stamps ``submitted_at``.
+    """
+    if to not in _ALLOWED[entry.state]:
+        return False
+    if to == COMPILING:
+        entry.submitted_at = time.monotonic()
+    elif to == COMPILED:
+        entry.fn = fn
+    elif to == EAGER_ONLY:
+        entry.fn, entry.reason = None, reason
+    entry.state = to
+    return True
+
+
+__all__ = [
+    "CAPTURE_NS_PER_OP", "RESHAPED_WEIGHT", "pays_for_capture", "WindowHistory", "WindowLog",
+    "UNPAYING", "NOVEL", "PLANNED", "route", "judge", "DeferPolicy", "transition", "Verdict",
+]
