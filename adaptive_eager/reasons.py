@@ -44,6 +44,15 @@ ADVICE: dict[str, str] = {
     "getstate": "saving/pickling tensors (torch.save): checkpoint every N steps",
     "setstate": "loading tensors into existing ones: load outside the hot loop",
     "deepcopy": "copy.deepcopy of tensors: copy outside the hot loop",
+    "share_memory": "moving a tensor to shared memory needs its real data, and its later ops "
+                    "run at once: share once, before the loop",
+    "set_data": "`t.data = v` replaces a tensor's storage, so pending work on either runs "
+                "first: update in place instead (with torch.no_grad(): t.mul_(0.9) or t.copy_(v))",
+    "tensor_from_data": "torch.tensor/as_tensor of a list of tensors copies their values in C++: "
+                        "use torch.stack or torch.cat, which stay deferred",
+    "exported_memory": "an op touched memory exported to NumPy/DLPack/data_ptr/shared memory, "
+                       "so it ran at once, alone: drop the alias (a live numpy view of a "
+                       "parameter) or export a copy (t.detach().clone().numpy())",
     "transfer": "device transfer (.to/.cpu/.cuda): move data once before the loop, or every N steps",
     "data_dependent": "the output's shape depends on the values (nonzero, masked_select, unique, "
                       "boolean-mask indexing): use fixed-shape forms (torch.where, masked_fill, "
