@@ -140,7 +140,9 @@ def maybe_enable_from_env() -> bool:
         True
     """
     value = os.environ.get(ENV_VAR, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
+    from .._env import OFF_WORDS  # noqa: PLC0415
+
+    if value in OFF_WORDS:
         return False
     try:
         enable()
