@@ -107,7 +107,9 @@ def configure_from_env(environ: os._Environ | dict | None = None) -> None:
     global _HANDLER
     environ = os.environ if environ is None else environ
     value = environ.get(ENV_VAR, "").strip().lower()
-    if not value or value in ("0", "off", "none"):
+    from ._env import OFF_WORDS  # noqa: PLC0415 - a leaf module
+
+    if value in OFF_WORDS or value == "none":
         return
     level = _LEVELS.get(value)
     if level is None:

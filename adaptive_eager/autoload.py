@@ -34,10 +34,11 @@ import os
 import sys
 from typing import Any, Callable
 
+from ._env import OFF_WORDS as _OFF  # a leaf: imports nothing
+from ._env import ON_WORDS as _ON
+
 ENV_VAR = "ADAPTIVE_EAGER"
 NEURON_SIM_ENV_VAR = "ADAPTIVE_EAGER_NEURON_SIM"
-_OFF = ("", "0", "false", "no", "off")
-_ON = ("1", "true", "yes", "on")
 
 
 def _log() -> Any:

@@ -28,6 +28,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
+from ._env import OFF_WORDS, ON_WORDS  # how on and off are spelled
+
 ENV_PREFIX = "ADAPTIVE_EAGER_"
 
 BUILTIN_BACKENDS = ("inductor", "aot_eager", "eager", "neuron")
@@ -42,9 +44,9 @@ def _parse_bool(name: str, value: Any, origin: str) -> bool:
         return value
     if isinstance(value, str):
         low = value.strip().lower()
-        if low in ("1", "true", "yes", "on"):
+        if low in ON_WORDS:
             return True
-        if low in ("0", "false", "no", "off", ""):
+        if low in OFF_WORDS:
             return False
     raise ConfigError(
         f"adaptive_eager option {name!r}{origin}: expected a boolean "
@@ -150,14 +152,25 @@ def did_you_mean(word: str, choices: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _registered_backends() -> tuple[str, ...]:
+    """The built-ins and every name given to ``runtime.register_backend`` so far."""
+    import sys  # noqa: PLC0415
+
+    backends = sys.modules.get("adaptive_eager.runtime.backends")  # registered: imported
+    return tuple(backends.backend_names()) if backends is not None else BUILTIN_BACKENDS
+
+
 def _parse_backend(name: str, value: Any, origin: str) -> Any:
     if callable(value):
         return value
     if isinstance(value, str) and value.strip() in BUILTIN_BACKENDS:
         return value.strip()
-    hint = did_you_mean(value.strip(), BUILTIN_BACKENDS) if isinstance(value, str) else ""
+    known = _registered_backends()
+    if isinstance(value, str) and value.strip() in known:
+        return value.strip()
+    hint = did_you_mean(value.strip(), known) if isinstance(value, str) else ""
     raise ConfigError(
-        f"adaptive_eager option {name!r}{origin}: expected one of {', '.join(BUILTIN_BACKENDS)} "
+        f"adaptive_eager option {name!r}{origin}: expected one of {', '.join(known)} "
         f"or a callable (GraphModule, example_inputs) -> callable, got {value!r}{hint}"
     )
 
@@ -207,9 +220,6 @@ _SPECS: dict[str, _Spec] = {
         "run eagerly until the program first reads a value or ends an optimizer step "
         "(its first iteration), then start capturing; needs adaptive_passthrough",
     ),
-    "launch_latency_us": _Spec(
-        0.0, _float_parser(0.0), "simulated per-kernel launch latency on the emulated neuron device"
-    ),
     "report": _Spec("", _parse_str, "print the report at exit: '' (off), 1/stderr, or a file "
                     "path (JSON when it ends in .json)"),
     "strict": _Spec(
@@ -245,7 +255,6 @@ class Options:
     verify_compiled: bool = _SPECS["verify_compiled"].default
     adaptive_passthrough: bool = _SPECS["adaptive_passthrough"].default
     warmup: bool = _SPECS["warmup"].default
-    launch_latency_us: float = _SPECS["launch_latency_us"].default
     report: str = _SPECS["report"].default
     strict: bool = _SPECS["strict"].default
 
@@ -321,7 +330,7 @@ def _parse_level(name: str, value: Any, origin: str) -> str:
     from ._logging import LEVEL_NAMES  # noqa: PLC0415 - a leaf module
 
     low = str(value).strip().lower()
-    if low in LEVEL_NAMES or low in ("", "0", "off", "none"):
+    if low in LEVEL_NAMES or low in OFF_WORDS or low == "none":
         return low
     raise ConfigError(f"adaptive_eager switch {name}{origin}: expected a logging level, one of "
                       f"{', '.join(LEVEL_NAMES)} (or 0/off), got {value!r}")

@@ -26,6 +26,7 @@ import sys
 from typing import Iterable
 
 from ._logging import log
+from ._env import OFF_WORDS, ON_WORDS
 from .reasons import ADVICE, ROUTINE_REASONS, advice_for
 from .statistics import Stats
 
@@ -180,13 +181,13 @@ def write_report(text: str, destination: str) -> None:
     """Write ``text`` to ``destination``: ``1``/``stderr``, ``stdout``, or a file path."""
     dest = destination.strip()
     try:
-        if dest.lower() in ("1", "true", "yes", "on", "stderr"):
+        if dest.lower() in ON_WORDS or dest.lower() == "stderr":
             sys.stderr.write(text)
             sys.stderr.flush()
         elif dest.lower() == "stdout":
             sys.stdout.write(text)
             sys.stdout.flush()
-        elif dest.lower() not in ("", "0", "false", "no", "off"):
+        elif dest.lower() not in OFF_WORDS:
             with open(dest, "w") as f:
                 f.write(text)
     except Exception as e:  # a report must never break the program's exit

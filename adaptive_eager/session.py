@@ -43,13 +43,13 @@ from .dispatch.optim import restore as restore_foreach
 from .dispatch.optim import use_foreach
 from .dispatch.source import user_source
 from .runtime import Counters, DeferPolicy, Executor, make_executor
-from .statistics import SiteCounters, Stats, snapshot
+from .statistics import Stats, snapshot
 
 # Note [Process-wide registries]
 # _COUNTERS (what stats() reports) and _SESSIONS (caches per Options) are the
 # process-wide state of the public API layer. Both are explicit and resettable
 # (reset_stats(), clear_sessions()); nothing below this layer holds global state.
-_COUNTERS: Counters = SiteCounters()
+_COUNTERS: Counters = Counters()
 _SESSIONS: dict[Options, "Session"] = {}
 _SESSIONS_LOCK = threading.Lock()
 _TLS = threading.local()

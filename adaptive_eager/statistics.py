@@ -23,78 +23,55 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Mapping
 
 from .reasons import ROUTINE_REASONS
 from .runtime.counters import Counters
 
 
-class SiteCounters(Counters):
-    """Counters that also remember which flush reasons each source line caused.
-
-    The report needs "line 12 syncs because of .item()", not just the two tallies
-    separately. A subclass (not a new dataclass field) so that ``Counters.reset``
-    keeps working unchanged.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sync_site_reasons: Counter = Counter()  # (site, reason) -> count
-
-    def note_flush(self, reason: str, site: str | None) -> None:
-        super().note_flush(reason, site)
-        if site is not None:
-            self.sync_site_reasons[(site, reason)] += 1
-
-    def reset(self) -> None:
-        super().reset()
-        self.sync_site_reasons = Counter()
+# Note [Stats are derived from Counters]
+# Every statistic is declared once, as a field of runtime.Counters (mutable, cheap to
+# increment on the hot path). Stats, the frozen snapshot, has the same fields, made from
+# Counters' own (counters become plain dicts, ordered most frequent first), minus
+# Counters' bookkeeping (_INTERNAL), plus what the snapshot derives (fallback_reasons)
+# and ``extra`` (counters of subclasses). A new counter is a new Stats field at once.
+_INTERNAL = {"lock", "sources_wanted"}  # Counters' bookkeeping, not statistics
+_DERIVED = (  # fields only the snapshot has: (name, type, default factory)
+    ("fallback_reasons", "dict[str, tuple[str, ...]]", dict),
+    ("extra", "dict[str, Any]", dict),
+)
 
 
-@dataclass(frozen=True)
-class Stats:
+def _stats_fields() -> list[tuple[str, Any, Any]]:
+    out: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(Counters):
+        if f.name in _INTERNAL:
+            continue
+        if f.default_factory is not dataclasses.MISSING:  # a Counter or dict: a dict here
+            out.append((f.name, "dict", field(default_factory=dict)))
+        else:
+            out.append((f.name, f.type, field(default=f.default)))
+    out += [(name, typ, field(default_factory=factory)) for name, typ, factory in _DERIVED]
+    return out
+
+
+class _StatsMethods:
     """What the runtime did since the last ``reset_stats()`` (all threads, all sessions).
 
-    Mappings are plain dicts, ordered most frequent first. ``fallback_ops`` counts ops
-    that ran outside any compiled region, by op name (``aten::nonzero``);
-    ``fallback_reasons`` says why (e.g. ``data_dependent``: the output's shape depends on
-    the values) and ``fallback_sites`` where: the program's line that issued it, found
-    the first time the op fell back (a sync) or the next time it was recorded.
+    A frozen dataclass with one field per counter of ``runtime.Counters`` (Note [Stats
+    are derived from Counters]). Mappings are plain dicts, ordered most frequent first.
+    ``fallback_ops`` counts ops that ran outside any compiled region, by op name
+    (``aten::nonzero``); ``fallback_reasons`` says why (e.g. ``data_dependent``: the
+    output's shape depends on the values) and ``fallback_sites`` where: the program's
+    line that issued it, found the first time the op fell back (a sync) or the next time
+    it was recorded.
 
     Example::
 
         >>> Stats().cache_hit_rate is None
         True
     """
-
-    ops_captured: int = 0
-    ops_passthrough: int = 0
-    ops_executed: int = 0
-    ops_fused: int = 0
-    ops_eager: int = 0
-    windows: int = 0
-    flushes: dict[str, int] = field(default_factory=dict)
-    sync_sites: dict[str, int] = field(default_factory=dict)
-    sync_site_reasons: dict[str, dict[str, int]] = field(default_factory=dict)
-    fallback_ops: dict[str, int] = field(default_factory=dict)
-    fallback_reasons: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    fallback_sites: dict[str, str] = field(default_factory=dict)
-    regions_compiled: int = 0
-    compiled_calls: int = 0
-    compile_failures: int = 0
-    demotions: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    cache_evictions: int = 0
-    compile_time_s: float = 0.0
-    compiles_in_flight: int = 0
-    meta_hits: int = 0
-    meta_misses: int = 0
-    handles_released: int = 0
-    optimizer_steps_foreach: int = 0
-    warmup_ended: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total_flushes(self) -> int:
@@ -129,6 +106,11 @@ class Stats:
         return json.dumps(self.as_dict(), indent=indent, sort_keys=False)
 
 
+Stats = dataclasses.make_dataclass("Stats", _stats_fields(), bases=(_StatsMethods,), frozen=True,
+                                   namespace={"__module__": __name__,
+                                              "__doc__": _StatsMethods.__doc__})
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
@@ -152,8 +134,7 @@ def _copy(value: Any) -> Any:
     return {}
 
 
-_INTERNAL = {"lock", "sources_wanted"}  # Counters' bookkeeping, not statistics
-_KNOWN = {f.name for f in dataclasses.fields(Stats)} - {"extra", "fallback_reasons"}
+_KNOWN = {f.name for f in dataclasses.fields(Stats)} - {name for name, _, _ in _DERIVED}
 
 
 def snapshot(counters: Counters) -> Stats:
@@ -161,7 +142,7 @@ def snapshot(counters: Counters) -> Stats:
     with counters.lock:
         raw = {name: _copy(getattr(counters, name)) for name in counters.__dataclass_fields__
                if name not in _INTERNAL}
-        site_reasons = _copy(getattr(counters, "sync_site_reasons", {}))
+        site_reasons = raw.pop("sync_site_reasons", {})
     fallback_counts: Counter = Counter()
     reasons: dict[str, list[str]] = {}
     for key, n in raw.pop("fallback_ops", {}).items():
@@ -189,4 +170,4 @@ def snapshot(counters: Counters) -> Stats:
     return Stats(**values)
 
 
-__all__ = ["Stats", "SiteCounters", "snapshot", "ROUTINE_REASONS"]
+__all__ = ["Stats", "snapshot", "ROUTINE_REASONS"]

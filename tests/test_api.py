@@ -271,3 +271,26 @@ def test_profiler_trace_contains_flush_range(tmp_path):
     trace = tmp_path / "trace.json"
     prof.export_chrome_trace(str(trace))
     assert "adaptive_eager.flush[item]" in trace.read_text()
+
+
+def test_a_registered_backend_is_accepted_by_name():
+    """register_backend's names are options' names (issue 11: config used to reject them)."""
+    from adaptive_eager import config
+    from adaptive_eager.runtime import register_backend
+
+    seen = []
+
+    def spy(gm, example_inputs):
+        seen.append(gm)
+        return gm
+
+    register_backend("test_spy_backend", spy, debugging=True)
+    assert config.resolve(backend="test_spy_backend").backend == "test_spy_backend"
+    x = torch.randn(1 << 13)
+    with ae.adaptive_eager(backend="test_spy_backend", compile_after=1, async_compile=False,
+                           adaptive_passthrough=False):
+        y = ((x * 2).relu() + 1).sum().item()
+    assert y == pytest.approx(((x * 2).relu() + 1).sum().item())
+    assert seen, "the registered backend compiled the region"
+    with pytest.raises(ae.ConfigError, match="test_spy_backend"):
+        config.resolve(backend="test_spy_backendd")  # did you mean it

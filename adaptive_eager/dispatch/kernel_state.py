@@ -40,10 +40,10 @@ flush finds the dtype it did not promise and says so (mode.py, ``_disagrees``).
 Example::
 
     >>> import torch
-    >>> install(lambda name, dtype_changed: print("flush before", name))
-    >>> _ = torch.set_flush_denormal(False)
+    >>> setter = _wrap("set_flush_denormal", torch.set_flush_denormal, False,
+    ...                lambda name, dtype_changed: print("flush before", name))
+    >>> _ = setter(False)            # what install() puts in torch's place
     flush before set_flush_denormal
-    >>> uninstall()
 """
 
 from __future__ import annotations

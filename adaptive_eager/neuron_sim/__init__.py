@@ -104,9 +104,11 @@ def enable(launch_latency_us: float | None = None) -> None:
 
     Example::
 
+        >>> import torch
         >>> enable(launch_latency_us=10)
         >>> torch.zeros(2, device="neuron").device
         device(type='neuron', index=0)
+        >>> set_launch_latency_us(0)
     """
     from ._enable import enable as _enable_impl
 
@@ -118,8 +120,9 @@ def is_enabled() -> bool:
 
     Example::
 
+        >>> enable()
         >>> is_enabled()
-        False
+        True
     """
     from ._enable import is_enabled as _is_enabled_impl
 
@@ -140,7 +143,9 @@ def maybe_enable_from_env() -> bool:
         True
     """
     value = os.environ.get(ENV_VAR, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
+    from .._env import OFF_WORDS  # noqa: PLC0415
+
+    if value in OFF_WORDS:
         return False
     try:
         enable()
@@ -159,8 +164,10 @@ def to_cpu_view(t: torch.Tensor) -> torch.Tensor:
 
     Example::
 
+        >>> import torch
+        >>> enable()
         >>> n = torch.zeros(3, device="neuron")
-        >>> to_cpu_view(n).add_(1)
+        >>> _ = to_cpu_view(n).add_(1)
         >>> n.cpu()
         tensor([1., 1., 1.])
     """
@@ -177,6 +184,8 @@ def from_cpu(t: torch.Tensor) -> torch.Tensor:
 
     Example::
 
+        >>> import torch
+        >>> enable()
         >>> c = torch.arange(3.0)
         >>> n = from_cpu(c)
         >>> n.device, n.data_ptr() == c.data_ptr()

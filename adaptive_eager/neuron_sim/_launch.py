@@ -67,7 +67,7 @@ def record_launch() -> None:
 
     Example::
 
-        >>> reset_launch_count(); record_launch(); launch_count()
+        >>> _ = reset_launch_count(); record_launch(); launch_count()
         1
     """
     if _depth() > 0:
@@ -83,7 +83,9 @@ def launch_count() -> int:
 
     Example::
 
-        >>> reset_launch_count()
+        >>> import torch, adaptive_eager.neuron_sim as neuron_sim
+        >>> neuron_sim.enable()
+        >>> _ = reset_launch_count()
         >>> _ = torch.ones(3, device="neuron") + 1   # fill_ and add: 2 launches
         >>> launch_count()
         2
@@ -96,8 +98,9 @@ def reset_launch_count() -> int:
 
     Example::
 
-        >>> reset_launch_count()
-        0
+        >>> _ = reset_launch_count(); record_launch()
+        >>> reset_launch_count(), reset_launch_count()
+        (1, 0)
     """
     with _REGISTRY.lock:
         previous = _REGISTRY.count
@@ -140,7 +143,10 @@ def single_launch() -> Iterator[None]:
 
     Example::
 
-        >>> reset_launch_count()
+        >>> import torch, adaptive_eager.neuron_sim as neuron_sim
+        >>> neuron_sim.enable()
+        >>> x = torch.ones(4, device="neuron")
+        >>> _ = reset_launch_count()
         >>> with single_launch():
         ...     y = (x * 2 + 1).relu()        # three ops, one launch
         >>> launch_count()

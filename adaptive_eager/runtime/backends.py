@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from ..config import BUILTIN_BACKENDS
 from ..fusion.policy import OpSupport
 
 log = logging.getLogger("adaptive_eager")
@@ -149,10 +150,26 @@ def for_device(compile_fn: CompileFn, device_type: str) -> CompileFn:
     return compile_on_cpu
 
 
+assert tuple(_REGISTRY) == BUILTIN_BACKENDS  # config validates names against these
+
+
 def register_backend(name: str, compile_fn: CompileFn, support: OpSupport | None = None,
                      debugging: bool = False) -> None:
-    """Add (or replace) a named backend."""
+    """Add (or replace) a named backend; options accept ``backend=name`` from now on.
+
+    Example::
+
+        >>> register_backend("my_eager", lambda gm, example_inputs: gm, debugging=True)
+        >>> from adaptive_eager import config
+        >>> config.resolve(backend="my_eager").backend
+        'my_eager'
+    """
     _REGISTRY[name] = (compile_fn, support or OpSupport(), debugging)
+
+
+def backend_names() -> list[str]:
+    """Every backend name options accept (built-ins first)."""
+    return list(_REGISTRY)
 
 
 def get_backend(spec: str | CompileFn) -> CompileFn:
@@ -176,5 +193,5 @@ def is_debugging(spec: str | CompileFn) -> bool:
     return bool(entry and entry[2])
 
 
-__all__ = ["CompileFn", "BackendUnavailable", "register_backend", "get_backend", "for_device",
+__all__ = ["CompileFn", "BackendUnavailable", "register_backend", "backend_names", "get_backend", "for_device",
            "backend_support", "is_debugging"]

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 
 from .._logging import artifact_logger
+from .adapt import transition
 from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from .compile_worker import THREADS_META, Exiting
 from .counters import Counters
@@ -163,8 +164,8 @@ class CompileService:
         meta = getattr(gm, "meta", None)
         if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels
             meta[THREADS_META] = torch.get_num_threads()
-        entry.state = COMPILING
-        entry.submitted_at = time.monotonic()
+        if not transition(entry, COMPILING):  # Note [A region's states] (runtime/adapt.py)
+            return
         with self.counters.lock:
             self.counters.compiles_in_flight += 1
         clog.debug("compile queued: region %s (%d graph nodes, %d in flight)", _short(entry.key),
@@ -196,7 +197,7 @@ class CompileService:
             if not exiting:
                 self.counters.compile_time_s += dt
         if exiting:  # the interpreter is exiting: nothing to report
-            entry.state, entry.fn, entry.reason = EAGER_ONLY, None, str(err)
+            transition(entry, EAGER_ONLY, str(err))
             return
         if entry.state != COMPILING:  # timed out meanwhile
             return
@@ -207,8 +208,7 @@ class CompileService:
                 # are kept, and a synchronous caller (waiting on this future) re-raises it.
                 raise err
             return
-        entry.fn = fn
-        entry.state = COMPILED
+        transition(entry, COMPILED, fn=fn)
         clog.debug("compile finished: region %s in %.2f s", _short(entry.key), dt)
         with self.counters.lock:
             self.counters.regions_compiled += 1
@@ -225,9 +225,8 @@ class CompileService:
         ``stays_correct=False``: the failure reached the program (a compiled call that
         raised after its first, checked one, in a region that writes its inputs); the
         log says so instead of promising correct results."""
-        if entry.state == EAGER_ONLY:
-            return
-        entry.state, entry.fn, entry.reason = EAGER_ONLY, None, reason
+        if not transition(entry, EAGER_ONLY, reason):
+            return  # eager-only already
         clog.debug("%s: region %s runs eagerly from now on: %s",
                    "demoted" if count == "demotions" else "compile failed", _short(entry.key), reason)
         with self.counters.lock:

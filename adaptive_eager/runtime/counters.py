@@ -29,6 +29,7 @@ class Counters:
     windows: int = 0               # windows flushed
     flushes: Counter = field(default_factory=Counter)       # reason -> count
     sync_sites: Counter = field(default_factory=Counter)    # user source line -> count
+    sync_site_reasons: Counter = field(default_factory=Counter)  # (line, reason) -> count
     fallback_ops: Counter = field(default_factory=Counter)  # "op: reason" -> count
     fallback_sites: dict = field(default_factory=dict)     # op -> the user's line first seen
     sources_wanted: dict = field(default_factory=dict)     # op target -> op, for the mode
@@ -52,6 +53,7 @@ class Counters:
         self.flushes[reason] += 1
         if site is not None:
             self.sync_sites[site] += 1
+            self.sync_site_reasons[(site, reason)] += 1
 
     def note_fallback(self, op: str, reason: str, site: str | None = None,
                       target: object = None) -> None:

@@ -1,0 +1,70 @@
+"""The import direction holds (DESIGN.md, issue 11): leaves <- fusion <- runtime <- dispatch
+<- the public surface; nothing inner imports anything outer, not even inside a function."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import adaptive_eager
+
+PKG = pathlib.Path(adaptive_eager.__file__).parent
+# Leaves import nothing of the package but other leaves; the emulated device is a leaf too
+# (a device, usable by every layer).
+LEAVES = {"config", "_env", "_logging", "reasons", "neuron_sim"}
+ORDER = {"leaf": 0, "fusion": 1, "runtime": 2, "dispatch": 3, "surface": 4}
+
+
+def _layer(parts: list[str]) -> str:
+    head = parts[0] if parts else ""
+    if head in LEAVES:
+        return "leaf"
+    if head in ("fusion", "runtime", "dispatch"):
+        return head
+    return "surface"
+
+
+def _imports(path: pathlib.Path) -> list[tuple[list[str], int]]:
+    """(module path inside the package, line) of every package import in ``path``."""
+    rel = path.relative_to(PKG).with_suffix("").parts
+    here = list(rel[:-1]) if rel[-1] != "__init__" else list(rel[:-1])
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)] if node.level > 1 else list(here)
+                target = base + (node.module.split(".") if node.module else [])
+                if not node.module:  # from . import x, y
+                    for alias in node.names:
+                        out.append((target + [alias.name], node.lineno))
+                    continue
+                out.append((target, node.lineno))
+            elif node.module and node.module.split(".")[0] == "adaptive_eager":
+                out.append((node.module.split(".")[1:], node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "adaptive_eager":
+                    out.append((alias.name.split(".")[1:], node.lineno))
+    return out
+
+
+def test_inner_layers_never_import_outer_ones():
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = list(path.relative_to(PKG).with_suffix("").parts)
+        mine = _layer(rel)
+        for target, line in _imports(path):
+            if not target or target == [""]:
+                continue  # the package itself (its lazy __init__)
+            theirs = _layer(target)
+            if ORDER[theirs] > ORDER[mine] and not (mine == "leaf" and theirs == "leaf"):
+                bad.append(f"{path.relative_to(PKG)}:{line} ({mine}) imports "
+                           f"{'.'.join(target)} ({theirs})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_check_sees_a_violation():
+    """The scan is not vacuous: it resolves relative imports of every depth."""
+    rel = _imports(PKG / "runtime" / "compiled.py")
+    assert ["fusion", "partition"] in [t for t, _ in rel]
+    assert _layer(["dispatch", "mode"]) == "dispatch" and ORDER["dispatch"] > ORDER["runtime"]
