@@ -36,11 +36,9 @@ from . import config
 from ._logging import log
 from .config import Options
 from .dispatch import AdaptiveEagerMode, MetaMemo, ObserveMode, OpTable
-from .dispatch import interrupts
+from .dispatch import interrupts, parking
 from .dispatch.kernel_state import install as install_state_setters
 from .dispatch.opaque import install as install_opaque_calls
-from .dispatch.optim import restore as restore_foreach
-from .dispatch.optim import use_foreach
 from .dispatch.source import user_source
 from .runtime import Counters, DeferPolicy, Executor, make_executor
 from .statistics import Stats, snapshot
@@ -95,7 +93,6 @@ class Session:
             self.memo = MetaMemo(self.options.meta_cache_size, self.counters)
         mode = AdaptiveEagerMode(self.options, self.executor, self.counters, self.policy,
                                  self.table, self.memo)
-        mode.on_park = _parked_changed
         with _MODES_LOCK:
             _MODES.add(mode)
         return mode
@@ -142,7 +139,7 @@ def get_session(options: Options) -> Session:
     with _SESSIONS_LOCK:
         s = _SESSIONS.pop(options, None)
         if s is None:
-            _install_safe_point()
+            parking.install(_thread_stack, _COUNTERS)  # Note [The safe points registry]
             install_opaque_calls()  # Note [Opaque calls]
             install_state_setters(_global_state_changed)  # Note [Global state that kernels read]
             s = Session(options, make_executor(options, _COUNTERS), _COUNTERS,
@@ -176,143 +173,12 @@ def _stack() -> list:
     return st
 
 
-def _innermost_observe(st: list) -> ObserveMode | None:
-    for _, observe in reversed(st):
-        if observe is not None:
-            return observe
-    return None
-
-
-# A safe point counts for this many torch calls towards the pass-through policy's probes.
-_SAFE_POINT_WEIGHT = 100
-
-
-def _park_or_resume(mode: AdaptiveEagerMode, weight: int) -> bool:
-    """At a safe point: deep-park a parked runtime, or bring a deep-parked one back when
-    the policy wants to capture again (Note [Deep parking], dispatch/observe.py). False
-    when the runtime is capturing (neither parked nor deep-parked)."""
-    observe = _innermost_observe(_TLS.stack)
-    if observe is None or observe.mode is not mode:
-        return True
-    if observe.deep:
-        if mode._should_defer(weight):
-            observe.resume()
-    elif mode._parked:
-        if not (mode.policy.warming):
-            observe.deep_park()
-    else:
-        return False
-    return True
-
-
-def _step_starts(opt: Any, *_: Any) -> None:
-    """The start of an optimizer step (a global optimizer step pre hook): qualifying
-    param groups run at the foreach level (Note [Optimizer steps at the foreach level])."""
-    switched = _foreach_switched()
-    left = switched.pop(opt, None)
-    if left:  # the last step raised before its post hook ran
-        restore_foreach(left)
-    if getattr(_TLS, "stack", None):
-        groups = use_foreach(opt)
-        if groups:
-            switched[opt] = groups
-            _COUNTERS.optimizer_steps_foreach += 1
-
-
-def _foreach_switched() -> "weakref.WeakKeyDictionary":
-    switched = getattr(_TLS, "foreach", None)
-    if switched is None:
-        switched = _TLS.foreach = weakref.WeakKeyDictionary()
-    return switched
-
-
-def _restore_foreach_all() -> None:
-    """Every group this thread switched and did not restore yet gets foreach=None back."""
-    switched = getattr(_TLS, "foreach", None)
-    while switched:
-        _, groups = switched.popitem()
-        restore_foreach(groups)
-
-
-def _safe_point(opt: Any, *_: Any) -> None:
-    """The end of an optimizer step (a global optimizer step post hook)."""
-    switched = getattr(_TLS, "foreach", None)
-    if switched:
-        groups = switched.pop(opt, None)
-        if groups:
-            restore_foreach(groups)
+def _thread_stack() -> list | None:
+    """This thread's runtime stack for the safe points (dispatch/parking.py), or None."""
     st = getattr(_TLS, "stack", None)
     if st and _ABANDONED:
-        _prune(st)
-    if not st:
-        return
-    mode = st[-1][0]
-    if mode.policy.warming:
-        mode.end_warmup("optimizer step", None)  # Note [The first iteration runs eagerly]
-        return
-    if not _park_or_resume(mode, _SAFE_POINT_WEIGHT) and len(mode.recorder):
-        # Note [Optimizer steps end windows]
-        # A program that reads nothing every step (loss read every N steps) has its
-        # windows cut only by window_size, at a different op each iteration (an
-        # iteration of 307 ops: 256, then 51 + 205, ...), so no window recurs and
-        # nothing compiles. Ending the window at the end of each optimizer step
-        # anchors windows to iterations: the same ops each step, so they recur.
-        mode.flush("optimizer_step", user_source(2))
-
-
-# Note [Deep parking at module calls]
-# Optimizer steps are the safe points of training loops; an inference loop (or any
-# loop stepping no torch.optim optimizer) has none, so a parked runtime kept paying
-# ObserveMode's Python call on every torch function (measured: a small GPT forward with
-# a new sequence length each step, 20% over eager once passed through). While some
-# runtime in the process is parked, a global module forward pre-hook is installed, and
-# each module call is a safe point too: it deep-parks the parked runtime of its thread,
-# and while deep-parked counts towards the policy's probes (a module call standing for
-# a few torch calls) and brings ObserveMode back when the policy probes. Module calls
-# happen between torch calls, never inside ObserveMode, like an optimizer step's end.
-# While the warm-up lasts, ObserveMode stays: it is what sees the first read. The hook
-# is removed when no runtime is parked, so programs pay for it only while parked.
-_MODULE_CALL_WEIGHT = 8
-_PARKED = [0]
-_MODULE_HOOK: list = []
-_PARK_LOCK = threading.Lock()
-
-
-def _module_safe_point(*_: Any) -> None:
-    """Before a module's forward (a global module forward pre-hook, while parked)."""
-    st = getattr(_TLS, "stack", None)
-    if st and _ABANDONED:
-        _prune(st)
-    if st:
-        _park_or_resume(st[-1][0], _MODULE_CALL_WEIGHT)
-
-
-def _parked_changed(parked: bool) -> None:
-    with _PARK_LOCK:
-        _PARKED[0] += 1 if parked else -1
-        if _PARKED[0] > 0 and not _MODULE_HOOK:
-            from torch.nn.modules.module import register_module_forward_pre_hook  # noqa: PLC0415
-
-            _MODULE_HOOK.append(register_module_forward_pre_hook(_module_safe_point))
-        elif _PARKED[0] <= 0 and _MODULE_HOOK:
-            _PARKED[0] = 0
-            _MODULE_HOOK.pop().remove()
-
-
-_SAFE_POINT_HOOK: list = []
-
-
-def _install_safe_point() -> None:
-    # Global optimizer hooks are torch's public API and cost nothing to code that
-    # never steps an optimizer; installed once per process, with the first session.
-    if not _SAFE_POINT_HOOK:
-        from torch.optim.optimizer import (  # noqa: PLC0415
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
-
-        _SAFE_POINT_HOOK.append(register_optimizer_step_pre_hook(_step_starts))
-        _SAFE_POINT_HOOK.append(register_optimizer_step_post_hook(_safe_point))
+        _prune(st)  # Note [A block is left in the thread that entered it]
+    return st
 
 
 def _enter(st: list, options: Options) -> tuple:
@@ -324,10 +190,10 @@ def _enter(st: list, options: Options) -> tuple:
     outer = current_mode()
     if outer is not None:
         outer.flush("nested_enter")
-        outer_observe = _innermost_observe(st)
+        outer_observe = parking.innermost_observe(st)
         if outer_observe is not None:
-            outer_observe.resume()  # Note [Deep parking]
-        outer.unpark()  # a parked outer mode goes back under the new one
+            parking.resume(outer_observe)  # Note [Deep parking]
+        parking.unpark(outer)  # a parked outer mode goes back under the new one
     mode = get_session(options).new_mode()
     observe = ObserveMode(mode)
     mode.__enter__()
@@ -346,11 +212,11 @@ def _leave(entry: tuple) -> None:
             mode.release_handles()  # Note [Releasing bound handles]
     finally:
         if observe is not None:
-            if observe.deep and not observe.resume():
+            if observe.deep and not parking.resume(observe):
                 observe.deep = False  # off the stack already: nothing to pop
             else:
                 observe.__exit__(None, None, None)
-            mode.unpark()  # back on the stack, so that its own __exit__ pops it
+            parking.unpark(mode)  # back on the stack, so that its own __exit__ pops it
             mode.__exit__(None, None, None)
 
 
@@ -510,8 +376,8 @@ class adaptive_eager:
         del self._entered[mine[-1]]
         try:
             entry = _stack().pop()
-            if not _stack():
-                _restore_foreach_all()  # Note [Optimizer steps at the foreach level]
+            if not _stack() and parking.SAFE_POINTS is not None:
+                parking.SAFE_POINTS.restore_foreach()  # Note [Optimizer steps at the foreach level]
             _leave(entry)
         finally:
             interrupts.release()

@@ -573,7 +573,8 @@ def test_inference_loop_deep_parks_at_module_calls_and_removes_the_hook():
     hook exists only while a runtime is parked."""
     from torch.nn.modules import module as nn_module
 
-    from adaptive_eager.session import _MODULE_HOOK, _stack
+    from adaptive_eager.dispatch import parking
+    from adaptive_eager.session import _stack
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
@@ -585,10 +586,10 @@ def test_inference_loop_deep_parks_at_module_calls_and_removes_the_hook():
         for x in xs:
             got.append(m(x).sum().item())
             deep_seen |= _stack()[-1][1].deep and not _observe_on_stack()
-            hooked |= bool(_MODULE_HOOK) and bool(nn_module._global_forward_pre_hooks)
+            hooked |= parking.SAFE_POINTS.module_hooked and bool(nn_module._global_forward_pre_hooks)
     assert got == ref
     assert deep_seen and hooked
-    assert not _MODULE_HOOK and not nn_module._global_forward_pre_hooks
+    assert not parking.SAFE_POINTS.module_hooked and not nn_module._global_forward_pre_hooks
     assert torch.overrides._get_current_function_mode_stack() == []
 
 
@@ -684,7 +685,8 @@ def test_deep_parked_runtime_comes_back_at_a_safe_point_and_for_a_nested_block(m
         # A probe due at the next safe point brings it back too.
         train_until_deep()
         assert observe.deep
-        monkeypatch.setattr(sess, "_SAFE_POINT_WEIGHT", 10**9)
+        from adaptive_eager.dispatch import parking
+        monkeypatch.setattr(parking, "SAFE_POINT_WEIGHT", 10**9)
         opt.step()
         assert not observe.deep and _observe_on_stack()
     assert torch.overrides._get_current_function_mode_stack() == []

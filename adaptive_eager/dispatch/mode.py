@@ -27,11 +27,10 @@ import functools
 import logging
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._logging import artifact_logger, warn_once
 from ..config import Options
@@ -54,7 +53,6 @@ _get_infra_mode = torch._C._get_dispatch_mode
 
 log = logging.getLogger("adaptive_eager")
 _FLUSH_LOG = artifact_logger("ae_flushes")
-_PARK_LOG = artifact_logger("ae_parking")
 aten = torch.ops.aten
 _PLAIN_DISPATCH = torch._C._disabled_torch_dispatch_impl
 _RUN_NOW_VIEWS = {aten.lift_fresh.default}
@@ -110,15 +108,12 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self.table = table if table is not None else OpTable()
         self._traits = self.table._traits  # read-only fast path; OpTable fills it
         self._should_defer = self.policy.should_defer  # hot: asked on every torch call
-        self._parked = False
+        self._parked = False  # off the dispatch-mode stack (dispatch/parking.py)
         # Set by ObserveMode while a Python-level scalar read runs (Note [A branch on a
         # tensor is a bool read], observe.py): what the sync of its scalar is called.
         self.read_reason: str | None = None
         self._strict = options.strict
         self._dynamo_seen = False  # Note [torch.compile inside the block] (dynamo.py)
-        # Told True when the mode parks and False when it unparks (the session watches
-        # for safe points meanwhile: Note [Deep parking at module calls], session.py).
-        self.on_park: Callable[[bool], None] | None = None
         self._bound: list[weakref.ref] = []  # Note [Releasing bound handles]
         self._bound_prune_at = 1024
         self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size, counters)
@@ -176,25 +171,6 @@ class AdaptiveEagerMode(TorchDispatchMode):
         with self.lock:
             return self._handlers[traits.kind](func, traits, args, kwargs)
 
-    # Note [Parking the mode]
-    # Passing ops through still costs the dispatch mode's Python call (~5-8 µs per op),
-    # more than a tiny op itself. So while the pass-through policy says nothing pays and
-    # nothing is pending, the mode leaves the dispatch-mode stack ("parks"); ObserveMode,
-    # a torch-function mode costing ~1 µs per call, keeps asking the policy and puts the
-    # mode back when the policy probes again. Parking only happens when this mode is
-    # on top of the stack, and the context manager unparks before exiting.
-    def park(self) -> None:
-        """Leave the dispatch-mode stack while ops pass straight through."""
-        if not self._parked and _current_dispatch_mode() is self:
-            _pop_mode()
-            self._parked = True
-            if _PARK_LOG.isEnabledFor(logging.DEBUG):
-                _PARK_LOG.debug("parked (ops pass straight through): %s",
-                                self.policy.reason or "pass-through policy")
-            self.release_handles()
-            if self.on_park is not None:
-                self.on_park(True)
-
     # Note [Releasing bound handles]
     # State a program creates while ops are deferred (optimizer moments, momentum
     # buffers, caches) is made of handles, and stays so after its window has run: every
@@ -234,25 +210,6 @@ class AdaptiveEagerMode(TorchDispatchMode):
             del h
         self.counters.handles_released += released
         return released
-
-    def end_warmup(self, why: str, source: str | None) -> None:
-        """The program's first iteration ended (Note [The first iteration runs eagerly])."""
-        if self.policy.end_warmup():
-            if source is None:
-                source = user_source(2)  # e.g. the program's opt.step() line
-            self.counters.warmup_ended = f"{why} at {source}"
-            _PARK_LOG.debug("warm-up ended: %s at %s; capturing from now", why, source)
-
-    def unpark(self) -> None:
-        """Back on the dispatch-mode stack (capturing again)."""
-        if self._parked:
-            _push_mode(self)
-            self._parked = False
-            if _PARK_LOG.isEnabledFor(logging.DEBUG):
-                _PARK_LOG.debug("unparked: capturing again (a probe, or compiles finished) at %s",
-                                user_source(2))
-            if self.on_park is not None:
-                self.on_park(False)
 
     def _untouched_scalars(self, args: tuple) -> bool:
         seen = False

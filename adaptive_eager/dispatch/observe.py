@@ -1,8 +1,8 @@
 """ObserveMode: the torch-function half of the runtime.
 
 It flushes the dispatch mode before Python-level reads of plain tensors (Note
-[Observation on CPU]), asks the pass-through policy whether to park the dispatch
-mode, and leaves the stack itself at safe points (Note [Deep parking]).
+[Observation on CPU]) and asks the pass-through policy whether to park the dispatch
+mode; parking itself, its own included, is dispatch/parking.py's (Note [Deep parking]).
 
 Example::
 
@@ -28,12 +28,8 @@ from .direct import HANDLERS
 from .exported import note_export
 from .lazy import suspended
 from .mode import AdaptiveEagerMode, _tensors
+from .parking import end_warmup, park, unpark
 from .source import called_by_user, user_source, warnings_at_user_line
-
-_current_function_mode = torch.overrides._get_current_function_mode
-_pop_function_mode = torch._C._pop_torch_function_stack
-_push_function_mode = torch._C._push_on_torch_function_stack
-_function_stack_len = torch._C._len_torch_function_stack
 
 
 # Note [Observation on CPU]
@@ -79,36 +75,8 @@ class ObserveMode(TorchFunctionMode):
     def __init__(self, mode: AdaptiveEagerMode):
         super().__init__()
         self.mode = mode
-        self.deep = False
+        self.deep = False  # off the torch-function stack (parking.deep_park)
         self._depth = 0
-
-    # Note [Deep parking]
-    # Parked, the mode still costs ObserveMode's Python call on every torch function
-    # (~1.5 µs; an AdamW step makes 1,700 of them: 15-25% of its eager time). At a safe
-    # point (the end of an optimizer step, see session.py) a parked runtime takes
-    # ObserveMode off the torch-function stack too, and ops run with no Python in
-    # between. Nothing is pending while parked, so no read needs a flush. The next safe
-    # point asks the policy (its probes, or the end of a compile wait) and puts
-    # ObserveMode back, which unparks the mode on the next torch call. Only when
-    # ObserveMode is the top of the stack (and, to come back, when the stack is as it
-    # was left) does this happen, so that a mode the program entered meanwhile keeps
-    # its place.
-    def deep_park(self) -> bool:
-        """Leave the torch-function stack while the mode is parked; True if it left."""
-        if self.deep or not self.mode._parked or _current_function_mode() is not self:
-            return False
-        _pop_function_mode()
-        self.deep = True
-        self._depth = _function_stack_len()
-        return True
-
-    def resume(self) -> bool:
-        """Back on the torch-function stack after :meth:`deep_park`; True if it came back."""
-        if not self.deep or _function_stack_len() != self._depth:
-            return False
-        _push_function_mode(self)
-        self.deep = False
-        return True
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         mode = self.mode
@@ -116,23 +84,20 @@ class ObserveMode(TorchFunctionMode):
             # Fast path: parked means nothing is pending in this thread, so no read
             # needs a flush, and ops pass straight through unless the policy probes.
             if not mode._should_defer():
-                policy = mode.policy
-                if policy is not None and policy.warming and func in _READS \
+                if mode.policy.warming and func in _READS \
                         and called_by_user(1):
                     # Note [The first iteration runs eagerly]: the program's read ends it
                     # (torch's own, like an optimizer reading its step count, does not).
-                    mode.end_warmup(f"observe:{_READS[func].strip('_')}", user_source(2))
+                    end_warmup(mode, f"observe:{_READS[func].strip('_')}", user_source(2))
                 name = _OBSERVED.get(func)
                 if name is None:
                     return func(*args, **kwargs) if kwargs else func(*args)
                 # Nothing is pending, but exports are remembered and handles unwrapped.
                 return self._observe(name, func, args, kwargs or {})
-            mode.unpark()
+            unpark(mode)
         kwargs = kwargs or {}
-        should_defer = mode._should_defer
-        if should_defer is not None and not mode.recorder.nodes:
-            if not should_defer():
-                mode.park()  # Note [Parking the mode]
+        if not mode.recorder.nodes and not mode._should_defer():
+            park(mode)  # Note [Parking the mode] (parking.py)
         name = _ROUTES.get(func)
         if name is not None:
             read = _SCALAR_READS.get(func)
