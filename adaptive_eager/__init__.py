@@ -34,9 +34,9 @@ __version__ = "0.1.0"
 # public name -> (submodule, attribute or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
     "adaptive_eager": ("session", "adaptive_eager"),
-    "enable": ("session", "enable"),
-    "disable": ("session", "disable"),
-    "is_enabled": ("session", "is_enabled"),
+    "enable": ("process", "enable"),
+    "disable": ("process", "disable"),
+    "is_enabled": ("process", "is_enabled"),
     "sync": ("session", "sync"),
     "stats": ("session", "stats"),
     "reset_stats": ("session", "reset_stats"),
@@ -58,7 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import ConfigError
     from .dispatch import LazyTensor
     from .reasons import StrictModeError
-    from .session import adaptive_eager, disable, enable, is_enabled, report, reset_stats, stats, sync
+    from .process import disable, enable, is_enabled
+    from .session import adaptive_eager, report, reset_stats, stats, sync
     from .statistics import Stats
 
 

@@ -95,7 +95,7 @@ def _enable_from_env(_torch: Any) -> None:
 
 def _enable_now() -> None:
     try:
-        from .session import enable
+        from .process import enable
 
         enable()
     except Exception as e:  # ConfigError from a bad ADAPTIVE_EAGER_* value, typically

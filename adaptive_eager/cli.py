@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_target(args: argparse.Namespace) -> int:
     """Run the script/module as __main__ under enable(); return its exit status."""
-    from . import session
+    from . import process, session
 
     options = _options_from(args)
     session.resolve_options(**options)  # a bad option fails here, before the script runs
@@ -119,7 +119,7 @@ def _run_target(args: argparse.Namespace) -> int:
         sys.argv = [args.target, *args.args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(args.target)))
     status = 0
-    session.enable(**options)
+    process.enable(**options)
     try:
         if args.module:
             runpy.run_module(args.target, run_name="__main__", alter_sys=True)
@@ -135,7 +135,7 @@ def _run_target(args: argparse.Namespace) -> int:
         status = 1
     finally:
         try:
-            session.disable()
+            process.disable()
         finally:
             sys.argv = old_argv
             if not args.module and sys.path and old_path0 is not None:

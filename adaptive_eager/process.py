@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import sys
@@ -25,7 +24,8 @@ import torch
 
 from ._logging import log, warn_once
 from .config import Options
-from .session import _TLS, _stack, adaptive_eager, resolve_options, stats
+from .exit_report import before_report
+from .session import _TLS, _stack, adaptive_eager, resolve_options
 
 
 # Note [Process-wide enable]
@@ -51,8 +51,6 @@ class _Enabled:
         self.lock = threading.RLock()
         self.options: Options | None = None
         self.original_start: Callable | None = None
-        self.exit_hook_registered = False
-        self.report_destinations: list[str] = []
 
 
 _ENABLED = _Enabled()
@@ -146,7 +144,7 @@ def enable(**options: Any) -> None:
         if _ENABLED.original_start is None:
             _ENABLED.original_start = threading.Thread.start
             threading.Thread.start = _patched_start  # type: ignore[method-assign]
-        _register_exit_hook()
+        before_report(_leave_at_exit)  # flush before the exit report (exit_report.py)
     log.debug("enabled process-wide: %s", resolved)
 
 
@@ -179,33 +177,10 @@ def disable() -> None:
     ctx.__exit__(None, None, None)
 
 
-def report_at_exit(destination: str) -> None:
-    """Write the report to ``destination`` (stderr or a path) when the process exits."""
-    with _ENABLED.lock:
-        if destination not in _ENABLED.report_destinations:
-            _ENABLED.report_destinations.append(destination)
-        _register_exit_hook()
+def _leave_at_exit() -> None:
+    """At exit, before the report: flush and leave the main thread's runtime."""
+    if getattr(_TLS, "enabled_ctx", None) is not None:
+        disable()
 
 
-def _register_exit_hook() -> None:
-    if not _ENABLED.exit_hook_registered:
-        _ENABLED.exit_hook_registered = True
-        atexit.register(_at_exit)
-
-
-def _at_exit() -> None:
-    # Flush the main thread's window, then write the requested reports.
-    try:
-        if getattr(_TLS, "enabled_ctx", None) is not None:
-            disable()
-    except Exception as e:  # at exit, a message is better than a traceback
-        log.warning("adaptive_eager: leaving the runtime at exit failed: %s", e)
-    if _ENABLED.report_destinations:
-        from .reporting import emit_report
-
-        snap = stats()
-        for dest in _ENABLED.report_destinations:
-            emit_report(snap, dest)  # JSON for a .json path
-
-
-__all__ = ["enable", "disable", "is_enabled", "report_at_exit"]
+__all__ = ["enable", "disable", "is_enabled"]

@@ -41,6 +41,7 @@ from .dispatch.kernel_state import install as install_state_setters
 from .dispatch.opaque import install as install_opaque_calls
 from .dispatch.source import user_source
 from .runtime import Counters, DeferPolicy, Executor, make_executor
+from .exit_report import report_at_exit
 from .statistics import Stats, snapshot
 
 # Note [Process-wide registries]
@@ -145,9 +146,7 @@ def get_session(options: Options) -> Session:
             s = Session(options, make_executor(options, _COUNTERS), _COUNTERS,
                         DeferPolicy.for_options(options, _COUNTERS))
             if options.report:
-                from .process import report_at_exit  # noqa: PLC0415 - process imports this module
-
-                report_at_exit(options.report)
+                report_at_exit(options.report, stats)
         _SESSIONS[options] = s  # most recently used last
         while len(_SESSIONS) > _MAX_SESSIONS:  # active modes keep theirs
             del _SESSIONS[next(iter(_SESSIONS))]
@@ -434,7 +433,7 @@ def reset_stats() -> None:
 
 
 __all__ = [
-    "adaptive_eager", "sync", "enable", "disable", "is_enabled", "stats", "reset_stats",
+    "adaptive_eager", "sync", "stats", "reset_stats",
     "Session", "get_session", "clear_sessions", "counters", "current_mode",
     "resolve_options", "platform_defaults",
 ]
@@ -460,15 +459,7 @@ def report() -> str:
 __all__.append("report")
 
 
-# Process-wide enabling lives in adaptive_eager.process (which imports this module);
-# its names are part of this module's API, resolved on first use.
-_PROCESS_NAMES = ("enable", "disable", "is_enabled")
-__all__ += list(_PROCESS_NAMES)
+# Process-wide enabling (enable, disable, is_enabled) lives in adaptive_eager.process,
+# which imports this module (never the other way round).
 
 
-def __getattr__(name: str) -> Any:
-    if name in _PROCESS_NAMES:
-        from . import process  # noqa: PLC0415 - process imports this module
-
-        return getattr(process, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

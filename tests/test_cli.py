@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 
+import adaptive_eager as ae
 from adaptive_eager import cli, session
 
 SCRIPT = textwrap.dedent('''
@@ -46,7 +47,7 @@ def test_run_executes_script_under_runtime_and_reports(script, capsys):
     assert "adaptive_eager report" in err
     assert "total += y.sum().item()" in err and "keep the value as a tensor" in err
     assert "aten::nonzero" in err
-    assert not session.is_enabled() and session.current_mode() is None
+    assert not ae.is_enabled() and session.current_mode() is None
 
 
 def test_run_report_to_file_and_exit_status(tmp_path, capsys):
@@ -65,7 +66,7 @@ def test_run_script_exception_is_shown_and_runtime_left(tmp_path, capsys):
     rc = cli.main(["run", "--backend", "eager", str(path)])
     err = capsys.readouterr().err
     assert rc == 1 and "ValueError: boom" in err
-    assert not session.is_enabled() and session.current_mode() is None
+    assert not ae.is_enabled() and session.current_mode() is None
 
 
 def test_run_module(tmp_path, monkeypatch, capsys):
@@ -96,7 +97,7 @@ def test_bad_options_exit_2_with_a_clear_message(argv, words, capsys):
     err = capsys.readouterr().err
     for w in words:
         assert w in err
-    assert not session.is_enabled()
+    assert not ae.is_enabled()
 
 
 def test_options_table(capsys):

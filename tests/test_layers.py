@@ -68,3 +68,39 @@ def test_the_check_sees_a_violation():
     rel = _imports(PKG / "runtime" / "compiled.py")
     assert ["fusion", "partition"] in [t for t, _ in rel]
     assert _layer(["dispatch", "mode"]) == "dispatch" and ORDER["dispatch"] > ORDER["runtime"]
+
+
+def _module_imports(path: pathlib.Path) -> set[str]:
+    """Package modules ``path`` imports, at module level or inside functions."""
+    return {".".join(t) for t, _ in _imports(path)}
+
+
+def test_no_import_cycles_between_modules():
+    """issue 11: dispatch/dynamo.py and dispatch/mode.py imported each other (one of
+    them inside a function, which hides a cycle from Python, not from a reader)."""
+    modules = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).with_suffix("").parts
+        name = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+        modules[name] = path
+    graph = {name: {t for t in _module_imports(path) if t in modules and t != name}
+             for name, path in modules.items()}
+    # a package's __init__ re-exporting its modules is not a cycle with them
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not name.startswith(t + ".") and t != ""}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(n: str, trail: list[str]) -> None:
+        state[n] = 1
+        for t in graph[n]:
+            if state.get(t) == 1:
+                cycles.append(" -> ".join(trail[trail.index(t):] + [t]) if t in trail else t)
+            elif t not in state:
+                visit(t, trail + [t])
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [n])
+    assert not cycles, cycles

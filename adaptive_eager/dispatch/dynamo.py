@@ -1,8 +1,8 @@
 """AdaptiveEagerMode next to Dynamo: torch.compile'd code called inside the block.
 
-:func:`install` gives the mode its ``__torch_dispatch__`` wrapper (Note [Dynamo's wrapper
+:func:`dynamo_aware` gives the mode class its ``__torch_dispatch__`` wrapper (Note [Dynamo's wrapper
 only while Dynamo runs]) and its answers to Dynamo (Note [torch.compile inside the
-block]). mode.py calls it once, on the class.
+block]); mode.py decorates the class with it (no import of mode.py here: no cycle).
 
 Example::
 
@@ -28,7 +28,7 @@ from torch._C._dynamo.eval_frame import (
 )
 from torch.utils._python_dispatch import any_torch_dispatch_mode_on_stack
 
-from .lazy import LazyTensor
+from .lazy import LazyTensor, has_unbound
 from .source import user_source
 
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
@@ -73,8 +73,6 @@ def ignore_compile_internals(mode: Any) -> bool:
 
 def step_aside(mode: Any, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
     """An op inside a torch.compile'd function: run it now, on real tensors."""
-    from .mode import _has_unbound  # noqa: PLC0415 - mode.py imports this module
-
     kwargs = kwargs or {}
     if _get_infra_mode(_FAKE) is not None:
         return mode._run_real(func, args, kwargs)  # Note [Fake tensors are not ours]
@@ -82,7 +80,7 @@ def step_aside(mode: Any, func: Any, types: Any, args: tuple = (), kwargs: Any =
         if t is not LazyTensor and t.__torch_dispatch__ is not _PLAIN_DISPATCH:
             return NotImplemented
     with mode.lock:
-        if len(mode.recorder) or _has_unbound((args, tuple(kwargs.values()))):
+        if len(mode.recorder) or has_unbound((args, tuple(kwargs.values()))):
             return mode._sync_then_run(func, args, kwargs, "torch.compile")
         return mode._run_real(func, args, kwargs)
 
@@ -148,11 +146,14 @@ def _dispatch_unless_dynamo(raw: Any) -> Any:
     return __torch_dispatch__
 
 
-def install(cls: type) -> None:
-    """Give the mode class its Dynamo-aware ``__torch_dispatch__`` and answers to Dynamo."""
+def dynamo_aware(cls: type) -> type:
+    """Class decorator: the mode class's Dynamo-aware ``__torch_dispatch__`` and its
+    answers to Dynamo (it runs after TorchDispatchMode's ``__init_subclass__``, whose
+    wrapper it replaces)."""
     raw = cls.__dict__["__torch_dispatch__"]
     cls.__torch_dispatch__ = _dispatch_unless_dynamo(getattr(raw, "__wrapped__", raw))
     cls.ignore_compile_internals = ignore_compile_internals
+    return cls
 
 
-__all__ = ["install", "ignore_compile_internals", "step_aside"]
+__all__ = ["dynamo_aware", "ignore_compile_internals", "step_aside"]

@@ -338,6 +338,15 @@ class LazyTensor(torch.Tensor):
         return out
 
 
+def has_unbound(obj: Any) -> bool:
+    """Whether ``obj`` (a handle, or nested lists/tuples) holds a handle still pending."""
+    if type(obj) is LazyTensor:
+        return obj._ae_real is None
+    if isinstance(obj, (list, tuple)):
+        return any(has_unbound(o) for o in obj)
+    return False
+
+
 def unwrap(x: Any, reason: str) -> Any:
     """A handle's real tensor (flushing if needed); anything else unchanged."""
     if isinstance(x, LazyTensor):
@@ -358,4 +367,5 @@ def unwrap_all(args: tuple, kwargs: dict, reason: str) -> tuple[tuple, dict]:
     return _map(args, fn), {k: _map(v, fn) for k, v in kwargs.items()}
 
 
-__all__ = ["LazyTensor", "DeferredError", "suspended", "is_suspended", "unwrap", "unwrap_all"]
+__all__ = ["LazyTensor", "DeferredError", "suspended", "is_suspended", "has_unbound", "unwrap",
+           "unwrap_all"]

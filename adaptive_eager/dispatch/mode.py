@@ -34,14 +34,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._logging import artifact_logger, warn_once
 from ..config import Options
-from ..reasons import ROUTINE_REASONS, STRICT_FALLBACKS, StrictModeError
 from ..fusion.policy import fixed_shape_call, without_dropout
+from ..reasons import ROUTINE_REASONS, STRICT_FALLBACKS, StrictModeError
 from ..runtime import Counters, DeferPolicy, Executor
-from .lazy import _TLS as _LAZY_TLS
-from .exported import Exported
-from .lazy import LazyTensor, bind, hold_memory, unwrap_all
 from ..runtime.recovery import finish
+from .dynamo import dynamo_aware
+from .exported import Exported
 from .interrupts import critical
+from .lazy import _TLS as _LAZY_TLS
+from .lazy import LazyTensor, bind, hold_memory, unwrap_all
+from .lazy import has_unbound as _has_unbound
 from .meta import MetaFailure, MetaMemo
 from .optable import Kind, OpTable, OpTraits, raise_if_out_of_range
 from .recorder import OutputMismatch, Recorder
@@ -79,14 +81,7 @@ def _device_of(args: tuple, kwargs: dict) -> torch.device | None:
     return torch.device(dev)
 
 
-def _has_unbound(obj: Any) -> bool:
-    if type(obj) is LazyTensor:
-        return obj._ae_real is None
-    if isinstance(obj, (list, tuple)):
-        return any(_has_unbound(o) for o in obj)
-    return False
-
-
+@dynamo_aware  # Note [Dynamo's wrapper only while Dynamo runs] (dynamo.py)
 class AdaptiveEagerMode(TorchDispatchMode):
     """Defers ops on ``options.device`` into windows; flushes at observation points.
 
@@ -514,11 +509,6 @@ class AdaptiveEagerMode(TorchDispatchMode):
                     "adaptive_eager: this tensor's window was flushed without it (internal error)")
             return handle._ae_materialize(reason)  # raises with the recorded error
         return real
-
-
-from .dynamo import install as _install_dynamo_interop  # noqa: E402 - needs the class
-
-_install_dynamo_interop(AdaptiveEagerMode)
 
 
 @functools.lru_cache(maxsize=None)
