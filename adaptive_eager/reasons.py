@@ -15,8 +15,82 @@ Example::
 
 from __future__ import annotations
 
+
+class R:
+    """The reasons the runtime records, by name: every emitter uses these constants, and
+    every one has advice below (tests/test_report.py checks both).
+
+    Flush (sync) reasons may carry a prefix (``observe:<read>``, a Python-level read seen
+    by ObserveMode, named after the method) or a suffix (``opaque:<call>``). Region
+    failures are the text before the first ``:`` of a failure's description.
+    """
+
+    # routine flushes
+    EXIT = "exit"
+    WINDOW_FULL = "window_full"
+    NESTED_ENTER = "nested_enter"
+    EXPLICIT_SYNC = "explicit_sync"
+    OPTIMIZER_STEP = "optimizer_step"
+    # syncs: the program (or C++ it calls) needs real values
+    ITEM = "item"
+    BOOL = "bool"
+    EQUAL = "equal"
+    TRANSFER = "transfer"
+    RANDOM = "random"
+    RESIZE = "resize"
+    SYNC = "sync"
+    UNCAPTURABLE = "uncapturable"
+    ESCAPED = "escaped"
+    FOREIGN_HANDLE = "foreign_handle"
+    TORCH_COMPILE = "torch.compile"
+    GLOBAL_STATE = "global_state"
+    INTEGER_DIVISION = "integer_division"
+    SET_DATA = "set_data"
+    TENSOR_FROM_DATA = "tensor_from_data"
+    EXPORTED_MEMORY = "exported_memory"
+    COLLECTIVE = "collective"
+    OBSERVE = "observe"  # prefix: observe:<read>; a handle's own reads are named as these:
+    REPR = "repr"
+    FORMAT = "format"
+    NUMPY = "numpy"
+    TOLIST = "tolist"
+    DLPACK = "dlpack"
+    OPAQUE = "opaque"    # prefix: opaque:<call>; also a fallback (not an ATen op)
+    # syncs that are also fallbacks (the op cannot be captured)
+    DATA_DEPENDENT = "data_dependent"
+    NO_META_KERNEL = "no_meta_kernel"
+    METADATA_MUTATION = "metadata_mutation"
+    NON_TENSOR_OUTPUT = "non_tensor_output"
+    # why a node stays out of compiled regions (fusion/)
+    TOO_SMALL = "too_small"
+    NOT_WORTH_IT = "not_worth_it"
+    NOTHING_TO_FUSE = "nothing_to_fuse"
+    ALIASED_INPUTS = "aliased_inputs"
+    FACTORY = "factory"
+    UNSUPPORTED_BY_BACKEND = "unsupported_by_backend"
+    NAN_PAYLOAD = "nan_payload"
+    UNCHECKED_INDEX = "unchecked_index"
+    # why a compiled region runs eagerly from now on (runtime/)
+    COMPILE_FAILED = "compile failed"
+    LOWERING_FAILED = "lowering failed"
+    COMPILED_CALL_FAILED = "compiled call failed"
+    COMPILED_OUTPUTS_DIFFER = "compiled outputs differ"
+    DEMOTED = "demoted"
+    COMPILE_TIMED_OUT = "compile timed out after"
+
+    @classmethod
+    def all(cls) -> dict[str, str]:
+        """Every reason constant: name -> value."""
+        return {k: v for k, v in vars(cls).items() if k.isupper()}
+
+
 # Flushes that are part of normal operation rather than something to fix.
-ROUTINE_REASONS = frozenset({"exit", "window_full", "nested_enter", "explicit_sync", "optimizer_step"})
+ROUTINE_REASONS = frozenset({R.EXIT, R.WINDOW_FULL, R.NESTED_ENTER, R.EXPLICIT_SYNC, R.OPTIMIZER_STEP})
+# Fusion's cost model said no: normal, not a fallback to report.
+COST_REASONS = frozenset({R.TOO_SMALL, R.NOT_WORTH_IT, R.NOTHING_TO_FUSE})
+# The ATen ops that are syncs by nature, and what their sync is called (reported under
+# sync sites, never as fallbacks).
+SYNC_OPS = {"aten::_local_scalar_dense": R.ITEM, "aten::is_nonzero": R.BOOL, "aten::equal": R.EQUAL}
 
 # Flush (sync) reasons -> what to change. A reason may carry a prefix: "observe:" (a
 # Python-level read seen by ObserveMode) or a suffix after ":" ("opaque:<call>").
@@ -73,6 +147,9 @@ ADVICE: dict[str, str] = {
     "observe": "a read of a tensor's values; look at the line for a read into Python",
     "escaped": "a tensor made inside the block was used outside it while still pending: "
                "use it inside, or leave the block later",
+    "foreign_handle": "a tensor pending in another thread's (or block's) window was used here: "
+                      "hand tensors between threads after a sync (Note [Threads see what was "
+                      "synced])",
     "opaque": "a call that reads tensor memory from C++ (listed in dispatch/opaque.py) runs "
               "on real tensors; call it once, outside the hot loop",
     "window_full": "routine: the window reached window_size ops (raise ADAPTIVE_EAGER_WINDOW_SIZE "
@@ -88,6 +165,12 @@ ADVICE: dict[str, str] = {
 # Fallback reasons (an op ran eagerly, outside compiled regions) where they differ from,
 # or are missing in, the flush reasons above.
 FALLBACK_ADVICE: dict[str, str] = {
+    "too_small": "the region touches fewer elements than min_region_work, so compiling it "
+                 "cannot pay; it runs eagerly (lower ADAPTIVE_EAGER_MIN_REGION_WORK to try)",
+    "not_worth_it": "fusing these ops saves less than a compiled call costs (the cost model); "
+                    "they run eagerly; nothing to change",
+    "nothing_to_fuse": "a single op: there is nothing to fuse, so it runs eagerly; nothing to "
+                       "change",
     "nan_payload": "the op bakes a NaN constant with a non-standard bit pattern, which generated "
                    "code cannot spell; it runs eagerly (Note [NaN payloads run eagerly]); "
                    "nothing to change",
@@ -148,8 +231,8 @@ def advice_for(reason: str, fallback: bool = False) -> str:
 
 # Fallback reasons strict mode raises on: the ones the program can act on. Random ops,
 # factories and aliased in-place updates run eagerly by design ("nothing to change").
-STRICT_FALLBACKS = frozenset({"data_dependent", "no_meta_kernel", "metadata_mutation", "opaque",
-                              "unsupported_by_backend"})
+STRICT_FALLBACKS = frozenset({R.DATA_DEPENDENT, R.NO_META_KERNEL, R.METADATA_MUTATION, R.OPAQUE,
+                              R.UNSUPPORTED_BY_BACKEND})
 
 
 class StrictModeError(RuntimeError):
@@ -180,5 +263,5 @@ class StrictModeError(RuntimeError):
         return cls("\n".join(lines))
 
 
-__all__ = ["ROUTINE_REASONS", "STRICT_FALLBACKS", "StrictModeError", "ADVICE", "FALLBACK_ADVICE", "REGION_ADVICE", "advice_for",
+__all__ = ["R", "COST_REASONS", "SYNC_OPS", "ROUTINE_REASONS", "STRICT_FALLBACKS", "StrictModeError", "ADVICE", "FALLBACK_ADVICE", "REGION_ADVICE", "advice_for",
            "reason_key"]

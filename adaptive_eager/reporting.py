@@ -27,7 +27,7 @@ from typing import Iterable
 
 from ._logging import log
 from ._env import OFF_WORDS, ON_WORDS
-from .reasons import ADVICE, ROUTINE_REASONS, advice_for
+from .reasons import ADVICE, ROUTINE_REASONS, SYNC_OPS, advice_for
 from .statistics import Stats
 
 # Source patterns for sites whose reason is unknown (e.g. counters from elsewhere).
@@ -36,8 +36,6 @@ _SOURCE_HINTS: tuple[tuple[str, str], ...] = (
     ("torch.equal", "equal"), (".cpu()", "transfer"), ("if ", "bool"), ("while ", "bool"),
 )
 
-# Ops that *are* syncs (reported under sync sites), not failures to fuse.
-_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal"})
 
 _SITE = re.compile(r"^(?P<file>.*):(?P<line>\d+)(?: \((?P<func>.*)\))?$")
 
@@ -93,7 +91,7 @@ def problem_sites(stats: Stats) -> list[tuple[str, int, dict[str, int]]]:
 def fallbacks(stats: Stats) -> list[tuple[str, int, tuple[str, ...]]]:
     """``(op, count, reasons)`` for ops that could not be fused, most frequent first."""
     return [(op, n, stats.fallback_reasons.get(op, ())) for op, n in stats.fallback_ops.items()
-            if op not in _SYNC_OPS]
+            if op not in SYNC_OPS]
 
 
 def format_sites(stats: Stats, limit: int = 10) -> list[str]:

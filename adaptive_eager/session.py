@@ -43,6 +43,7 @@ from .dispatch.source import user_source
 from .runtime import Counters, DeferPolicy, Executor, make_executor
 from .exit_report import report_at_exit
 from .statistics import Stats, snapshot
+from .reasons import R
 
 # Note [Process-wide registries]
 # _COUNTERS (what stats() reports) and _SESSIONS (caches per Options) are the
@@ -108,7 +109,7 @@ def _global_state_changed(name: str, dtype_changed: bool) -> None:
         # threads each flushing the other's mode would deadlock.
         if len(mode.recorder) and mode.lock.acquire(blocking=False):
             try:
-                mode.flush("global_state", user_source(2))
+                mode.flush(R.GLOBAL_STATE, user_source(2))
             finally:
                 mode.lock.release()
     if dtype_changed:  # memoized metadata followed the old default dtype
@@ -188,7 +189,7 @@ def _enter(st: list, options: Options) -> tuple:
         return entry
     outer = current_mode()
     if outer is not None:
-        outer.flush("nested_enter")
+        outer.flush(R.NESTED_ENTER)
         outer_observe = parking.innermost_observe(st)
         if outer_observe is not None:
             parking.resume(outer_observe)  # Note [Deep parking]
@@ -206,7 +207,7 @@ def _leave(entry: tuple) -> None:
     """Leave the block of ``entry`` (already popped from this thread's stack)."""
     mode, observe = entry
     try:
-        mode.flush("exit")
+        mode.flush(R.EXIT)
         if observe is not None:
             mode.release_handles()  # Note [Releasing bound handles]
     finally:
@@ -399,7 +400,7 @@ def sync() -> None:
     """
     mode = current_mode()
     if mode is not None:
-        mode.flush("explicit_sync")
+        mode.flush(R.EXPLICIT_SYNC)
 
 
 def stats() -> Stats:

@@ -332,8 +332,9 @@ def test_runtime_fallbacks_use_the_modes_op_names():
     assert aten.mul.Tensor in counters.sources_wanted  # the mode notes its line next time
 
 
-def _reasons_in_source() -> set[str]:
-    """Every reason literal the package records (flushes, fallbacks, region failures)."""
+def _reason_literals_in_source() -> set[str]:
+    """Reason string literals at the places the package records reasons (flushes,
+    fallbacks, region failures): there should be none, the emitters use reasons.R."""
     import re
     from pathlib import Path
 
@@ -342,32 +343,36 @@ def _reasons_in_source() -> set[str]:
     patterns = [
         r"\.flush\(\"([^\"]+)\"", r"_sync_then_run\([^)]*?\"([^\"]+)\"\)", r"_ae_read\(\"([^\"]+)\"",
         r"reason=\"([^\"]+)\"", r"unwrap_all\([^)]*\"([^\"]+)\"\)", r"note_fallback\([^,]+, \"([^\"]+)\"",
-        r"\.fail\(entry, f?\"([^\":{]+)", r"False, \"([a-z_]+)\"\)",
+        r"\.fail\(entry, f?\"([^\":{]+)", r"False, \"([a-z_]+)\"\)", r"_materialize\(\"([^\"]+)\"\)",
     ]
     found: set[str] = set()
     root = Path(adaptive_eager.__file__).parent
     for path in root.rglob("*.py"):
+        if path.name == "reasons.py":
+            continue
         text = path.read_text()
         for pat in patterns:
             found.update(m.strip() for m in re.findall(pat, text))
     policy = (root / "fusion" / "policy.py").read_text()
-    found.update(re.findall(r"return \"([a-z_]+)\"", policy.split("def op_class")[1].split("class RegionSummary")[0]))
-    found.update(f"observe:{n.strip('_')}" for n in __import__(
-        "adaptive_eager.dispatch.observe", fromlist=["_OBSERVERS"])._OBSERVERS.values())
-    from adaptive_eager.dispatch.mode import _SYNC_REASONS
-
-    found.update(_SYNC_REASONS.values())
-    return found - {"pointwise", "matmul", "view", "reduction", "other"}
+    found.update(re.findall(r"return \"([a-z_]+)\"", policy.split("class OpSupport")[1]))
+    return found
 
 
 def test_every_reason_has_advice():
-    from adaptive_eager.reasons import advice_for
+    from adaptive_eager.dispatch.observe import _OBSERVERS
+    from adaptive_eager.reasons import SYNC_OPS, R, advice_for
 
-    reasons = _reasons_in_source()
+    reasons = set(R.all().values()) | set(SYNC_OPS.values())
+    reasons |= {f"{R.OBSERVE}:{n.strip('_')}" for n in _OBSERVERS.values()}  # named after reads
     assert {"item", "data_dependent", "exit", "opaque", "compile failed", "aliased_inputs",
-            "observe:storage", "uncapturable", "escaped"} <= reasons, reasons
+            "observe:storage", "uncapturable", "escaped", "too_small"} <= reasons, reasons
     missing = sorted(r for r in reasons if not (advice_for(r) or advice_for(r, fallback=True)))
     assert not missing, missing
+
+
+def test_emitters_use_the_reason_constants():
+    """One source for each reason's name (issue 11): no emitter spells one out."""
+    assert not _reason_literals_in_source()
 
 
 # -- strict mode: raise at the program's line --------------------------------------------

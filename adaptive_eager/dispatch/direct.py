@@ -24,6 +24,7 @@ import torch
 
 from ..fusion.ir import TensorSpec
 from .lazy import LazyTensor, hold_memory, suspended, unwrap
+from ..reasons import R
 
 _SET_DATA = torch._C.TensorBase.data.__set__
 
@@ -55,8 +56,8 @@ def set_data(mode: Any, args: tuple, kwargs: dict) -> None:
         return _SET_DATA(target, new)  # eager's TypeError
     rec = mode.recorder
     if len(rec) and any(type(t) is LazyTensor or rec.vid_of(t) is not None for t in (target, new)):
-        mode.flush("set_data")
-    real = unwrap(new, "set_data")
+        mode.flush(R.SET_DATA)
+    real = unwrap(new, R.SET_DATA)
     if type(target) is not LazyTensor:
         return _SET_DATA(target, real)
     with suspended():
@@ -98,7 +99,7 @@ def _nested_tensors(obj: Any, out: list) -> list:
 
 def _real_nested(obj: Any) -> Any:
     if type(obj) is LazyTensor:
-        return obj._ae_materialize("tensor_from_data")
+        return obj._ae_materialize(R.TENSOR_FROM_DATA)
     if isinstance(obj, (list, tuple)):
         return type(obj)(_real_nested(o) for o in obj)
     return obj
@@ -113,7 +114,7 @@ def _from_data(pos: int) -> Callable[[Any, Callable, tuple, dict], Any]:
         if not tensors:
             return func(*args, **kwargs)
         if len(mode.recorder):
-            mode.flush("tensor_from_data", targets=tensors)
+            mode.flush(R.TENSOR_FROM_DATA, targets=tensors)
         real = _real_nested(data)
         if len(args) > pos:
             args = (*args[:pos], real, *args[pos + 1:])
@@ -130,8 +131,8 @@ def _scalar(mode: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
     # these from C++ with Python dispatch excluded, so their item() reads t's memory.
     t = args[0]
     if len(mode.recorder):
-        mode.flush("item", targets=[t])
-    real = unwrap(t, "item")
+        mode.flush(R.ITEM, targets=[t])
+    real = unwrap(t, R.ITEM)
     with suspended():
         return func(real, *args[1:], **kwargs)
 

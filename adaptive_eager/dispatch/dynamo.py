@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import any_torch_dispatch_mode_on_stack
 
 from .lazy import LazyTensor, has_unbound
 from .source import user_source
+from ..reasons import R
 
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _get_infra_mode = torch._C._get_dispatch_mode
@@ -66,7 +67,7 @@ def ignore_compile_internals(mode: Any) -> bool:
         mode._dynamo_seen = True
         with mode.lock:
             if len(mode.recorder):
-                mode.flush("torch.compile", user_source(3))
+                mode.flush(R.TORCH_COMPILE, user_source(3))
             mode.release_handles()
     return True
 
@@ -81,7 +82,7 @@ def step_aside(mode: Any, func: Any, types: Any, args: tuple = (), kwargs: Any =
             return NotImplemented
     with mode.lock:
         if len(mode.recorder) or has_unbound((args, tuple(kwargs.values()))):
-            return mode._sync_then_run(func, args, kwargs, "torch.compile")
+            return mode._sync_then_run(func, args, kwargs, R.TORCH_COMPILE)
         return mode._run_real(func, args, kwargs)
 
 

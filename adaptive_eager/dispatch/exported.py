@@ -42,6 +42,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .meta import MetaFailure
+from ..reasons import R
 
 # storage id -> (weak reference to the storage, weak reference to the object whose
 # life keeps it exported, or None: until the storage is freed). A process-wide
@@ -55,7 +56,7 @@ class Exported(MetaFailure):
     """The op touches exported memory: it runs now, for real (Note [Exported memory])."""
 
     marks_op = False
-    reason = "exported_memory"
+    reason = R.EXPORTED_MEMORY
 
 
 def _storage_of(t: torch.Tensor) -> Any:

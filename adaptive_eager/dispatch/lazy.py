@@ -29,6 +29,7 @@ import torch
 
 from ..fusion.ir import TensorSpec
 from .exported import export_array, note_export
+from ..reasons import R
 
 
 class Owner(Protocol):
@@ -175,7 +176,7 @@ class LazyTensor(torch.Tensor):
         pass
 
     # -- binding -------------------------------------------------------------------
-    def _ae_materialize(self, reason: str = "observe") -> torch.Tensor:
+    def _ae_materialize(self, reason: str = R.OBSERVE) -> torch.Tensor:
         """The real tensor, flushing the owning window first if needed."""
         real = self._ae_real
         if real is not None:
@@ -199,7 +200,7 @@ class LazyTensor(torch.Tensor):
         """
         if expected_type is not None and expected_type is not torch.Tensor:
             return None
-        return self._ae_read("torch.compile")
+        return self._ae_read(R.TORCH_COMPILE)
 
     # -- running ops without the mode (escaped handles) ------------------------------
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -207,7 +208,7 @@ class LazyTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        real_args, real_kwargs = unwrap_all(args, kwargs, "escaped")
+        real_args, real_kwargs = unwrap_all(args, kwargs, R.ESCAPED)
         out = func(*real_args, **real_kwargs)
         if func._schema.is_mutable:
             restride_all((args, kwargs))  # Note [In-place metadata changes]
@@ -246,7 +247,7 @@ class LazyTensor(torch.Tensor):
         # itself (ops on it run for real while suspended) keeps grad_fn; naming the
         # class "tensor" for the duration makes the prefix, and so the indentation of
         # every line, exactly eager's.
-        self._ae_read("repr")
+        self._ae_read(R.REPR)
         with _REPR_LOCK, suspended():
             cls = type(self)
             saved = cls.__name__
@@ -260,18 +261,18 @@ class LazyTensor(torch.Tensor):
         # Tensor.__format__ formats a 0-dim plain tensor as its item (f"{loss:.3f}"); for
         # a subclass it falls back to object.__format__, which rejects any format spec.
         if self.dim() == 0:
-            return self._ae_read("format").__format__(format_spec)
+            return self._ae_read(R.FORMAT).__format__(format_spec)
         return object.__format__(self, format_spec)
 
     # What these expose is remembered (Note [Exported memory], exported.py).
     def numpy(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return export_array(self._ae_read("numpy", exposes=True).numpy(*args, **kwargs))
+        return export_array(self._ae_read(R.NUMPY, exposes=True).numpy(*args, **kwargs))
 
     def tolist(self) -> Any:  # type: ignore[override]
-        return self._ae_read("tolist").tolist()
+        return self._ae_read(R.TOLIST).tolist()
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        return export_array(self._ae_read("numpy", exposes=True).__array__(*args, **kwargs))
+        return export_array(self._ae_read(R.NUMPY, exposes=True).__array__(*args, **kwargs))
 
     def data_ptr(self) -> int:  # type: ignore[override]
         return self._ae_expose("data_ptr", "data_ptr")
@@ -280,7 +281,7 @@ class LazyTensor(torch.Tensor):
         return self._ae_expose("dlpack", "__dlpack__", *args, **kwargs)
 
     def __dlpack_device__(self) -> Any:  # type: ignore[override]
-        return self._ae_materialize("dlpack").__dlpack_device__()
+        return self._ae_materialize(R.DLPACK).__dlpack_device__()
 
     def untyped_storage(self) -> Any:  # type: ignore[override]
         return self._ae_expose("storage", "untyped_storage")

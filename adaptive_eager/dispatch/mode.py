@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .._logging import artifact_logger, warn_once
 from ..config import Options
 from ..fusion.policy import fixed_shape_call, without_dropout
-from ..reasons import ROUTINE_REASONS, STRICT_FALLBACKS, StrictModeError
+from ..reasons import ROUTINE_REASONS, STRICT_FALLBACKS, SYNC_OPS, R, StrictModeError
 from ..runtime import Counters, DeferPolicy, Executor
 from ..runtime.recovery import finish
 from .dynamo import dynamo_aware
@@ -222,10 +222,10 @@ class AdaptiveEagerMode(TorchDispatchMode):
     def _on_record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
         if kwargs and kwargs.get("device") is not None and \
                 torch.device(kwargs["device"]).type != self.device_type:
-            return self._sync_then_run(func, args, kwargs, "transfer")
+            return self._sync_then_run(func, args, kwargs, R.TRANSFER)
         if func is _TO_COPY or func is _COPY_:
             if self._crosses_devices(func, args, kwargs):
-                return self._sync_then_run(func, args, kwargs, "transfer")
+                return self._sync_then_run(func, args, kwargs, R.TRANSFER)
         try:
             out = self.recorder.record(func, traits, args, kwargs)
         except MetaFailure as e:
@@ -233,14 +233,14 @@ class AdaptiveEagerMode(TorchDispatchMode):
         except OutputMismatch:
             from .lazy import restride_all  # noqa: PLC0415 - only on this rare path
 
-            out = self._sync_then_run(func, args, kwargs, "resize")
+            out = self._sync_then_run(func, args, kwargs, R.RESIZE)
             restride_all((args, kwargs))  # Note [In-place metadata changes]
             return out
         self.counters.ops_captured += 1
         if traits.want_source:
             self._note_source(func)
         if len(self.recorder) >= self.options.window_size:
-            self.flush("window_full")
+            self.flush(R.WINDOW_FULL)
         return out
 
     def _fallback(self, func: Any, reason: str) -> None:
@@ -292,16 +292,16 @@ class AdaptiveEagerMode(TorchDispatchMode):
             raise_if_out_of_range(func, args)
             return self._on_record(func, traits.when_fixed, args, kwargs)
         # Reading a scalar (.item(), bool()) is a sync, not an op that failed to fuse.
-        if traits.reason in ("data_dependent", "no_meta_kernel", "metadata_mutation") and \
-                func._schema.name not in _SYNC_REASONS:
+        if traits.reason in (R.DATA_DEPENDENT, R.NO_META_KERNEL, R.METADATA_MUTATION) and \
+                func._schema.name not in SYNC_OPS:
             self._fallback(func, traits.reason)
         from .lazy import restride_all  # noqa: PLC0415 - only on this rare path
 
         reason = _sync_reason(func, traits)
-        if reason == "item" and self.read_reason is not None:
+        if reason == R.ITEM and self.read_reason is not None:
             reason = self.read_reason
         out = self._sync_then_run(func, args, kwargs, reason)
-        if traits.reason == "metadata_mutation":
+        if traits.reason == R.METADATA_MUTATION:
             restride_all((args, kwargs))  # Note [In-place metadata changes]
         return out
 
@@ -336,14 +336,14 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 fresh = torch.empty_strided(base.shape, base.stride(), dtype=base.dtype, device=base.device)
             else:
                 fresh = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=spec.device)
-            func(fresh, *unwrap_all(args[1:], {}, "random")[0], **unwrap_all((), kwargs, "random")[1])
+            func(fresh, *unwrap_all(args[1:], {}, R.RANDOM)[0], **unwrap_all((), kwargs, R.RANDOM)[1])
             self._on_record(_COPY_, self.table.traits(_COPY_), (target, fresh), {})
             return target
         touches_window = rest_unbound or _has_unbound(args[:1]) or any(
             isinstance(a, torch.Tensor) and self.recorder.holds(a) for a in args
         )
         if touches_window:
-            self.flush("random")
+            self.flush(R.RANDOM)
         return self._run_real(func, args, kwargs)
 
     def _native_dropout(self, x: LazyTensor, p: float, train: bool | None) -> Any:
@@ -373,12 +373,12 @@ class AdaptiveEagerMode(TorchDispatchMode):
             return self._run_real(func, args, kwargs)
         if not failure.marks_op:  # valid but not deferrable, or eager raises: run it now
             return self._sync_then_run(func, args, kwargs,
-                                       getattr(failure, "sync_reason", "uncapturable"))
-        self.flush("no_meta_kernel")
+                                       getattr(failure, "sync_reason", R.UNCAPTURABLE))
+        self.flush(R.NO_META_KERNEL)
         out = self._run_real(func, args, kwargs)
         log.debug("no meta kernel for %s (%s); it syncs from now on", func, failure)
         self.table.mark_no_meta(func)
-        self._fallback(func, "no_meta_kernel")
+        self._fallback(func, R.NO_META_KERNEL)
         return out
 
     # -- running for real -------------------------------------------------------------
@@ -396,7 +396,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         return self._run_real(func, args, kwargs)
 
     def _run_real(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        args, kwargs = unwrap_all(args, kwargs, "sync")
+        args, kwargs = unwrap_all(args, kwargs, R.SYNC)
         return func(*args, **kwargs)
 
     # -- flushing -------------------------------------------------------------------
@@ -516,15 +516,8 @@ def _as_record(traits: OpTraits) -> OpTraits:
     return dataclasses.replace(traits, kind=Kind.RECORD, dropout_arg=None)
 
 
-_SYNC_REASONS = {
-    "aten::_local_scalar_dense": "item",
-    "aten::is_nonzero": "bool",
-    "aten::equal": "equal",
-}
-
-
 def _sync_reason(func: Any, traits: OpTraits) -> str:
-    return _SYNC_REASONS.get(func._schema.name, traits.reason or "sync")
+    return SYNC_OPS.get(func._schema.name, traits.reason or R.SYNC)
 
 
 def _dtype_of(obj: Any) -> torch.dtype | None:

@@ -30,6 +30,7 @@ from .lazy import suspended
 from .mode import AdaptiveEagerMode, _tensors
 from .parking import end_warmup, park, unpark
 from .source import called_by_user, user_source, warnings_at_user_line
+from ..reasons import R
 
 
 # Note [Observation on CPU]
@@ -61,7 +62,7 @@ _READS = {**_OBSERVERS, **{
 # _local_scalar_dense as .item()'s (is_nonzero is a composite op, decomposed before the
 # dispatch mode sees it). Only here, at the Python level, are the two told apart: the
 # mode is told which read it is while the call runs, and names the sync after it.
-_SCALAR_READS = {torch.Tensor.__bool__: "bool"}
+_SCALAR_READS = {torch.Tensor.__bool__: R.BOOL}
 # Torch functions handled in their own way (Note [Behind the dispatcher], direct.py).
 _OBSERVED = {**_OBSERVERS, **{func: "direct" for func in HANDLERS}}
 _ROUTES = {**_OBSERVED, **_SCALAR_READS}  # one lookup per torch call for all
@@ -88,7 +89,7 @@ class ObserveMode(TorchFunctionMode):
                         and called_by_user(1):
                     # Note [The first iteration runs eagerly]: the program's read ends it
                     # (torch's own, like an optimizer reading its step count, does not).
-                    end_warmup(mode, f"observe:{_READS[func].strip('_')}", user_source(2))
+                    end_warmup(mode, f"{R.OBSERVE}:{_READS[func].strip('_')}", user_source(2))
                 name = _OBSERVED.get(func)
                 if name is None:
                     return func(*args, **kwargs) if kwargs else func(*args)
@@ -118,7 +119,7 @@ class ObserveMode(TorchFunctionMode):
             # exposes memory (numpy, data_ptr, storage, dlpack) can be written through,
             # so everything pending runs first.
             targets = _tensors(args, kwargs) if name in _COPYING_OBSERVERS else None
-            self.mode.flush(f"observe:{name.strip('_')}", user_source(3), targets=targets)
+            self.mode.flush(f"{R.OBSERVE}:{name.strip('_')}", user_source(3), targets=targets)
         # The read itself runs ops (numpy() and storage() detach, repr formats):
         # on real tensors, for real, or it would read a handle's empty storage.
         # Note [Warnings keep the program's line] (source.py)

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from ..reasons import R
 from .exported import export, export_storage
 from .lazy import suspended, unwrap_all
 
@@ -102,7 +103,7 @@ def _flush_this_thread(reason: str) -> bool:
 
 def opaque(fn: Callable[..., Any], name: str, what: str = "call") -> Callable[..., Any]:
     """Wrap ``fn`` so that it runs after a flush, with capture suspended."""
-    reason = f"opaque:{name}"
+    reason = f"{R.OPAQUE}:{name}"
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

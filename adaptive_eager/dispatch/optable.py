@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ..fusion.policy import FIXED_SHAPE_IF_INTEGER_INDICES, data_dependent, dropout_arg
+from ..reasons import R
 
 aten = torch.ops.aten
 
@@ -117,14 +118,14 @@ def derive_traits(func: torch._ops.OpOverload) -> OpTraits:
     name = schema.name
     namespace = name.split("::", 1)[0]
     if namespace in _COLLECTIVE_NAMESPACES:
-        return OpTraits(Kind.COLLECTIVE, reason="collective")
+        return OpTraits(Kind.COLLECTIVE, reason=R.COLLECTIVE)
     if name in _METADATA_OPS:
         return OpTraits(Kind.METADATA)
     if name in _METADATA_MUTATING:
-        return OpTraits(Kind.SYNC, reason="metadata_mutation")
+        return OpTraits(Kind.SYNC, reason=R.METADATA_MUTATION)
     if data_dependent(func):  # one list, shared with fusion (Note [One list of data-dependent ops])
         fixed = _schema_traits(func) if name in FIXED_SHAPE_IF_INTEGER_INDICES else None
-        return OpTraits(Kind.SYNC, reason="data_dependent", when_fixed=fixed)
+        return OpTraits(Kind.SYNC, reason=R.DATA_DEPENDENT, when_fixed=fixed)
     return _schema_traits(func)
 
 
@@ -134,7 +135,7 @@ def _schema_traits(func: torch._ops.OpOverload) -> OpTraits:
     name = schema.name
     tags = func.tags
     if not all(_is_tensor_type(r.type) for r in schema.returns):
-        return OpTraits(Kind.SYNC, reason="non_tensor_output")
+        return OpTraits(Kind.SYNC, reason=R.NON_TENSOR_OUTPUT)
 
     mutated: list[int | str] = []
     alias_sets: dict[str, int | str] = {}
@@ -206,7 +207,7 @@ class OpTable:
 
     def mark_no_meta(self, func: torch._ops.OpOverload) -> None:
         """After meta execution failed and the real op worked: always sync this op."""
-        self._traits[func] = OpTraits(Kind.SYNC, reason="no_meta_kernel")
+        self._traits[func] = OpTraits(Kind.SYNC, reason=R.NO_META_KERNEL)
 
 
 __all__ = ["Kind", "OpTraits", "OpTable", "derive_traits", "raise_if_out_of_range"]

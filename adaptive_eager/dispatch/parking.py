@@ -40,6 +40,7 @@ from .._logging import artifact_logger
 from .optim import restore as restore_foreach
 from .optim import use_foreach
 from .source import user_source
+from ..reasons import R
 
 _pop_function_mode = torch._C._pop_torch_function_stack
 _push_function_mode = torch._C._push_on_torch_function_stack
@@ -222,7 +223,7 @@ class SafePoints:
             # iteration of 307 ops: 256, then 51 + 205, ...), so no window recurs and
             # nothing compiles. Ending the window at the end of each optimizer step
             # anchors windows to iterations: the same ops each step, so they recur.
-            mode.flush("optimizer_step", user_source(2))
+            mode.flush(R.OPTIMIZER_STEP, user_source(2))
 
     # -- module calls ---------------------------------------------------------------------
     # Note [Deep parking at module calls]

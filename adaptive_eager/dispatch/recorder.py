@@ -34,6 +34,7 @@ from .lazy import LazyTensor, Owner
 from .meta import MetaFailure, MetaMemo, MetaResult, Uncapturable, meta_execute
 from .optable import OpTraits, derive_traits
 from .validity import check as check_validity
+from ..reasons import R
 
 _TensorBase = torch._C.TensorBase  # isinstance against the C base is fast
 
@@ -158,7 +159,7 @@ class Recorder:
             if real is None:
                 if x._ae_owner is self.owner:
                     return x._ae_vid
-                real = x._ae_materialize("foreign_handle")
+                real = x._ae_materialize(R.FOREIGN_HANDLE)
             x = real
         return self._input_vid(x)
 

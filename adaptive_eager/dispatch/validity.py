@@ -47,6 +47,7 @@ import torch
 from ..fusion.ir import TensorSpec, ValueRef
 from ..runtime.executor import replay_guard
 from .meta import Uncapturable
+from ..reasons import R
 
 aten = torch.ops.aten
 
@@ -65,7 +66,7 @@ class WouldRaise(Uncapturable):
 class RunsNow(Uncapturable):
     """The call's errors depend on values (integer division): run it for real, now."""
 
-    sync_reason = "integer_division"
+    sync_reason = R.INTEGER_DIVISION
 
 
 def check(func: Any, args: tuple, kwargs: Mapping[str, Any], specs: Mapping[int, TensorSpec]) -> None:

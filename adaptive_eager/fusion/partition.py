@@ -32,6 +32,7 @@ from .indices import IndexUse, entry_value, index_uses
 from .ir import Window
 from .policy import CostModel, SupportPolicy, summarize
 from .signature import region_key
+from ..reasons import R
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def partition(window: Window, groups: Mapping[int, int], support: SupportPolicy,
         reason = support.unsupported(node, window.specs)
         uses = index_uses(node, window.specs) if reason is None else ()
         if uses is None:
-            reason = "unchecked_index"  # Note [Compiled code never sees an index eager would reject]
+            reason = R.UNCHECKED_INDEX  # Note [Compiled code never sees an index eager would reject]
         if reason is None:
             checks = region.checks_for(uses)
             if checks is None:  # an index computed in the open region: close it first
@@ -207,7 +208,7 @@ def _close(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
     in_roots = [roots.root(v) for v in inputs]
     written = {roots.root(v) for v in mutated}
     if len(set(in_roots)) < len(in_roots) and any(in_roots.count(r) > 1 for r in written):
-        return Region(tuple(nodes), inputs, outputs, mutated, False, "aliased_inputs")
+        return Region(tuple(nodes), inputs, outputs, mutated, False, R.ALIASED_INPUTS)
     summary = summarize([window.nodes[i] for i in nodes], list(inputs), list(outputs),
                         list(mutated), dict(window.specs))
     reason = cost.decide(summary)

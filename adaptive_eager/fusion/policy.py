@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from .ir import OpNode, TensorSpec, ValueRef
+from ..reasons import R
 
 _MATMUL = frozenset({
     "aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm",
@@ -193,36 +194,36 @@ class OpSupport:
             reason = self._memo[target]
         except KeyError:
             reason = self._memo[target] = self._classify(target)
-        if reason == "data_dependent" and specs is not None and \
+        if reason == R.DATA_DEPENDENT and specs is not None and \
                 fixed_shape_call(target, node.args, lambda a: _spec_dtype(a, specs)):
             return self._classify(target, fixed_shape=True)
-        if reason == "random" and _no_dropout(node):
+        if reason == R.RANDOM and _no_dropout(node):
             # Note [Attention without dropout is not random] (dispatch/mode.py): capture
             # records these; so may a region.
             return self._classify(target, random_ok=True)
         if reason is None and (_odd_nan(node.args) or _odd_nan(v for _, v in node.kwargs)):
-            return "nan_payload"  # Note [NaN payloads run eagerly]
+            return R.NAN_PAYLOAD  # Note [NaN payloads run eagerly]
         return reason
 
     def _classify(self, target: object, random_ok: bool = False,
                   fixed_shape: bool = False) -> str | None:
         schema = getattr(target, "_schema", None)
         if schema is None:
-            return "opaque"
+            return R.OPAQUE
         name = schema.name
         if name.split("::", 1)[0] not in self.namespaces:
-            return "opaque"
+            return R.OPAQUE
         if not fixed_shape and data_dependent(target):
-            return "data_dependent"
+            return R.DATA_DEPENDENT
         if not random_ok and (torch.Tag.nondeterministic_seeded in target.tags or
                               any(h in name.split("::", 1)[1] for h in _RANDOM_HINTS)):
-            return "random"
+            return R.RANDOM
         if name in self.deny:
-            return "unsupported_by_backend"
+            return R.UNSUPPORTED_BY_BACKEND
         if not self.factories and not any("Tensor" in str(a.type) for a in schema.arguments):
-            return "factory"
+            return R.FACTORY
         if self.allow_classes is not None and op_class(target) not in self.allow_classes:
-            return "unsupported_by_backend"
+            return R.UNSUPPORTED_BY_BACKEND
         return None
 
 
@@ -267,12 +268,12 @@ class DefaultCost:
 
     def decide(self, s: RegionSummary) -> str | None:
         if s.work < self.min_work:
-            return "too_small"
+            return R.TOO_SMALL
         if s.n_ops < 1 or (s.n_ops < 2 and not s.has_matmul):
-            return "nothing_to_fuse"
+            return R.NOTHING_TO_FUSE
         saved = (s.n_ops - 1) * self.launch_us + max(0, s.eager_bytes - s.io_bytes) / self.bytes_per_us
         if saved <= self.call_us:
-            return "not_worth_it"
+            return R.NOT_WORTH_IT
         return None
 
 

@@ -61,10 +61,11 @@ from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact,
 from .compiler import CompileService
 from .counters import Counters
 from .executor import FlushResult, Verdict, replay_guard, run_nodes
+from ..reasons import COST_REASONS as _COST_REASONS
+from ..reasons import R
 
 _MISS_LOG = artifact_logger("ae_recompiles")
 _TIMED_CALLS = 3  # compiled calls timed against eager before keeping a region
-_COST_REASONS = frozenset({"too_small", "not_worth_it", "nothing_to_fuse"})  # not fallbacks
 
 
 @dataclass(frozen=True)
@@ -328,7 +329,7 @@ class CompiledExecutor:
             else:
                 outs = entry.fn(*args)
         except Exception as e:  # noqa: BLE001 - a checked artifact that fails later
-            reason = f"compiled call failed: {type(e).__name__}: {e}"
+            reason = f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}"
             if region.mutated:
                 # Its in-place updates may be partly done: replaying them would apply
                 # them twice, so the program sees the error (Note [The first compiled
@@ -379,7 +380,7 @@ class CompiledExecutor:
         try:
             outs = entry.fn(*copies)
         except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
-            self.compiler.fail(entry, f"compiled call failed: {type(e).__name__}: {e}")
+            self.compiler.fail(entry, f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}")
             self._run_eager(window, region, env)
             return False
         problem = outputs_match(window, region, outs, None, None, None) or \
@@ -395,14 +396,14 @@ class CompiledExecutor:
             ref = [env[v] for v in region.outputs]
             problem = outputs_match(window, region, outs, ref, copies, env)
         if problem is not None:
-            self.compiler.fail(entry, f"compiled outputs differ: {problem}")
+            self.compiler.fail(entry, f"{R.COMPILED_OUTPUTS_DIFFER}: {problem}")
         return False
 
     def _maybe_demote(self, entry: RegionEntry) -> None:
         if len(entry.compiled_ns) < _TIMED_CALLS or not entry.eager_ns:
             return
         if min(entry.compiled_ns) >= min(entry.eager_ns):
-            self.compiler.fail(entry, "demoted: compiled not faster than eager", "demotions")
+            self.compiler.fail(entry, f"{R.DEMOTED}: compiled not faster than eager", "demotions")
 
 
 __all__ = ["CompiledExecutor", "Plan", "Step"]

@@ -37,6 +37,7 @@ from .adapt import transition
 from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from .compile_worker import THREADS_META, Exiting
 from .counters import Counters
+from ..reasons import R
 
 log = logging.getLogger("adaptive_eager")
 clog = artifact_logger("ae_compiles")
@@ -159,7 +160,7 @@ class CompileService:
         try:
             gm, example = build()
         except Exception as e:  # noqa: BLE001 - lowering failure: region stays eager
-            self.fail(entry, f"lowering failed: {type(e).__name__}: {e}")
+            self.fail(entry, f"{R.LOWERING_FAILED}: {type(e).__name__}: {e}")
             return
         meta = getattr(gm, "meta", None)
         if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels
@@ -175,7 +176,7 @@ class CompileService:
             try:
                 fut.result(timeout=self.timeout_s or None)
             except cf.TimeoutError:
-                self.fail(entry, f"compile timed out after {self.timeout_s:.0f} s")
+                self.fail(entry, f"{R.COMPILE_TIMED_OUT} {self.timeout_s:.0f} s")
 
     def _compile(self, entry: RegionEntry, gm: Any, example: list) -> None:
         t0 = time.perf_counter()
@@ -202,7 +203,7 @@ class CompileService:
         if entry.state != COMPILING:  # timed out meanwhile
             return
         if err is not None:
-            self.fail(entry, f"compile failed: {type(err).__name__}: {err}")
+            self.fail(entry, f"{R.COMPILE_FAILED}: {type(err).__name__}: {err}")
             if not isinstance(err, Exception):
                 # An interrupt, not a compiler error: the region is eager-only and the books
                 # are kept, and a synchronous caller (waiting on this future) re-raises it.
@@ -216,7 +217,7 @@ class CompileService:
     def check_timeout(self, entry: RegionEntry) -> None:
         """Called by the executor on each use of a compiling entry (async mode)."""
         if self.timeout_s and time.monotonic() - entry.submitted_at > self.timeout_s:
-            self.fail(entry, f"compile timed out after {self.timeout_s:.0f} s")
+            self.fail(entry, f"{R.COMPILE_TIMED_OUT} {self.timeout_s:.0f} s")
 
     def fail(self, entry: RegionEntry, reason: str, count: str = "compile_failures",
              stays_correct: bool = True) -> None:
