@@ -84,9 +84,7 @@ def restride(handle: "LazyTensor") -> None:
     spec = TensorSpec.of(real)
     if spec == handle._ae_spec:
         return
-    extent = spec.storage_offset + 1
-    for size, stride in zip(spec.shape, spec.stride):
-        extent += (size - 1) * abs(stride) if size else 0
+    extent = spec.extent
     aten = torch.ops.aten
     with torch._C._DisableTorchDispatch(), torch._C._AutoDispatchBelowADInplaceOrView():
         aten.resize_.default(handle, [extent])  # room for the new view in the (empty) wrapper storage

@@ -70,13 +70,7 @@ class Uncapturable(MetaFailure):
 
 
 def _meta_tensor(spec: TensorSpec, device: Any = "meta") -> torch.Tensor:
-    # Room for the view: the largest offset reachable plus one.
-    extent = spec.storage_offset + 1
-    for size, stride in zip(spec.shape, spec.stride):
-        if size == 0:
-            extent = spec.storage_offset
-            break
-        extent += (size - 1) * abs(stride)
+    extent = spec.extent  # room for the view
     if device == "meta":
         base = torch.empty((max(extent, 0),), dtype=spec.dtype, device="meta")
     else:

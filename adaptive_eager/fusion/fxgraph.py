@@ -49,10 +49,7 @@ class Lowered:
         """Fresh tensors with the recorded specs (values are irrelevant to compilers)."""
         out = []
         for s in self.input_specs:
-            size = s.storage_offset + 1 + sum((n - 1) * st for n, st in zip(s.shape, s.stride) if n)
-            if any(n == 0 for n in s.shape):
-                size = s.storage_offset
-            base = torch.zeros(max(size, 1), dtype=s.dtype, device=s.device)
+            base = torch.zeros(max(s.extent, 1), dtype=s.dtype, device=s.device)
             out.append(base.as_strided(s.shape, s.stride, s.storage_offset))
         shapes = self.scalar_shapes or ((),) * len(self.scalar_dtypes)
         out.extend(torch.ones(shape, dtype=d) for d, shape in zip(self.scalar_dtypes, shapes))

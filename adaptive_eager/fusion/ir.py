@@ -91,6 +91,21 @@ class TensorSpec:
         return n
 
     @property
+    def extent(self) -> int:
+        """Elements of storage the view reaches: the largest offset it reads plus one (its
+        offset alone when it has no elements). The one formula for every stand-in made
+        from a spec (meta tensors, compile examples, restrided wrappers).
+
+        Example::
+
+            >>> TensorSpec((2, 3), (1, 2), 4, torch.float32, torch.device("cpu")).extent
+            10
+        """
+        if any(n == 0 for n in self.shape):
+            return self.storage_offset
+        return self.storage_offset + 1 + sum((n - 1) * abs(st) for n, st in zip(self.shape, self.stride))
+
+    @property
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
