@@ -129,7 +129,7 @@ def _global_state_changed(name: str, dtype_changed: bool) -> None:
 # ``adaptive_eager()`` block or ``enable()``), where a one-time set-up cost belongs.
 def _import_dynamo() -> None:
     try:
-        with interrupts.critical():  # not half-imported by a Ctrl-C (Note [Interrupts wait ...])
+        with interrupts.critical():  # not half-imported by a Ctrl-C (Note [Interrupts wait for the flush])
             import torch._dynamo  # noqa: F401, PLC0415
     except Exception:  # noqa: BLE001 - an optional speed-up; the first op imports it anyway
         log.debug("adaptive_eager: importing torch._dynamo failed", exc_info=True)

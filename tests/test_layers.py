@@ -104,3 +104,18 @@ def test_no_import_cycles_between_modules():
         if n not in state:
             visit(n, [n])
     assert not cycles, cycles
+
+
+def test_every_note_referenced_is_defined():
+    """Notes are referenced by name (STYLE.md): every ``Note [Title]`` cited in the package
+    is defined somewhere (a ``# Note [Title]`` block or a docstring's ``Note [Title]`` line)."""
+    import re
+
+    cited, defined = set(), set()
+    for path in PKG.rglob("*.py"):
+        for line in path.read_text().splitlines():
+            cited.update(re.findall(r"Note \[([^\]]+)\]", line))
+            m = re.match(r"^\s*(?:# )?Note \[([^\]]+)\](?:\s*$|:)", line)
+            if m:
+                defined.add(m.group(1))
+    assert cited - defined == set(), sorted(cited - defined)

@@ -142,7 +142,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
             return self._run_real(func, args, kwargs)
         if not self.recorder.nodes and not self._should_defer():
             # The policy found nothing worth deferring lately: run straight through
-            # (probing again now and then; runtime.passthrough). Nothing is pending, so
+            # (probing again now and then; runtime.adapt). Nothing is pending, so
             # every handle is bound and unwraps itself.
             self.counters.ops_passthrough += 1
             return func(*args, **kwargs)
@@ -428,7 +428,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 raise StrictModeError.at("sync", reason, source)  # nothing run: like eager's line
             if vids:
                 sliced = rec.take_slice(vids, reason, source)
-            failed = rec.failed  # values of earlier slices that failed (Note [A failed flush ...])
+            failed = rec.failed  # values of earlier slices that failed (Note [A failed flush loses no work])
             if sliced is not None:
                 window, live = sliced
             else:

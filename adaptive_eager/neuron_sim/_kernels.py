@@ -304,7 +304,7 @@ def _route(op: torch._ops.OpOverload) -> Callable[..., Any]:
         return special
     returns = schema.returns
     if returns and returns[0].alias_info is not None and not returns[0].alias_info.is_write:
-        return _redispatch_to_cpu_kernel  # a view: Note [Views run the CPU kernel ...]
+        return _redispatch_to_cpu_kernel  # a view: Note [Views run the CPU kernel on neuron tensors]
     if schema.name in _MIXED_DEVICES_OK:
         return _compute_mixed_devices_ok
     return _compute

@@ -97,11 +97,18 @@ class WindowHistory:
             self.capture_ns = capture_ns if self.capture_ns is None else min(self.capture_ns, capture_ns)
 
 
+# Note [One history per window key]
+# What the runtime knows about a window key (its plan, whether it was seen once, its
+# eager and capture times) used to live in five LRUs with separate bounds, so evicting
+# from one and not the others changed decisions (a planned window judged as novel, a
+# first sighting without its times). One WindowHistory per key in one LRU is evicted
+# whole. The shapeless signatures are another key space (the ops without shapes), kept
+# beside it, bounded on their own: losing one only delays noticing a reshaped window.
 class WindowLog:
     """One bounded LRU of :class:`WindowHistory` per window key, and the shapeless
     signatures (the ops of a window without shapes) seen lately, which tell a window
     that recurs with new shapes (``reshaped``). Evicting a key drops everything known
-    about it at once."""
+    about it at once (Note [One history per window key])."""
 
     def __init__(self, maxsize: int, signatures: int = 256):
         self._lru: cachetools.LRUCache = cachetools.LRUCache(maxsize)
