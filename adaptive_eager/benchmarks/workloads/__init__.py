@@ -68,7 +68,11 @@ class Spec:
 SPECS: List[Spec] = [
     Spec("pointwise", "pointwise", "pointwise block (GELU/SiLU gate/RMSNorm/RoPE/residual)",
          iters=20, warmup=5, quick_iters=3, quick_warmup=1),
-    Spec("adamw", "adamw", "torch.optim.AdamW(foreach) over 100 tensors, lr changes every step",
+    Spec("adamw", "adamw", "torch.optim.AdamW over 100 tensors, lr changes every step",
+         iters=30, warmup=5, quick_iters=3, quick_warmup=1),
+    Spec("adam", "adam", "torch.optim.Adam over 100 tensors, lr changes every step",
+         iters=30, warmup=5, quick_iters=3, quick_warmup=1),
+    Spec("sgd-momentum", "sgd_momentum", "torch.optim.SGD(momentum=0.9) over 100 tensors, lr changes",
          iters=30, warmup=5, quick_iters=3, quick_warmup=1),
     Spec("adamw-manual", "adamw_manual", "hand-written AdamW loop of torch ops over 100 tensors",
          iters=30, warmup=5, quick_iters=3, quick_warmup=1),
