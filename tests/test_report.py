@@ -467,7 +467,8 @@ def test_time_breakdown_adds_up_and_estimates_the_saving():
     assert s.capture_ns > 0 and s.eager_replay_ns > 0 and s.compiled_region_ns > 0
     assert s.flush_ns >= s.eager_replay_ns + s.compiled_region_ns
     # one saving estimate per window that ran a compiled region (each window holds one)
-    assert s.saved_windows == s.compiled_calls
+    assert s.compared_windows == s.compiled_calls
+    assert s.compared_run_ns <= s.flush_ns and s.compared_eager_ns > 0
     assert s.compile_latency_s > 0 and s.compile_latency_max_s <= s.compile_latency_s
     t = s.time_s
     assert t["runtime"] == pytest.approx((s.flush_ns - s.eager_replay_ns - s.compiled_region_ns) / 1e9)
@@ -485,9 +486,10 @@ def test_time_verdict_names_the_reason_nothing_sped_up():
     assert "still in flight" in time_verdict(Stats(windows=3, compiles_in_flight=1))
     assert "no region was compiled" in time_verdict(Stats(windows=3))
     assert "every compile failed" in time_verdict(Stats(windows=3, compile_failures=2))
-    slower = Stats(windows=3, compiled_calls=3, saved_windows=3, saved_vs_eager_ns=-5)
+    slower = Stats(windows=3, compiled_calls=3, compared_windows=3, compared_eager_ns=5,
+                   compared_run_ns=10)
     assert "no faster" in time_verdict(slower)
-    outweighed = Stats(windows=3, compiled_calls=3, saved_windows=3, saved_vs_eager_ns=10**6,
+    outweighed = Stats(windows=3, compiled_calls=3, compared_windows=3, compared_eager_ns=10**6,
                        capture_ns=10**9)
     assert "capturing took up to 1.00 s" in time_verdict(outweighed)
 

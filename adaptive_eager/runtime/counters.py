@@ -53,8 +53,11 @@ class Counters:
     flush_ns: int = 0             # the executors' runs of those windows, of which:
     eager_replay_ns: int = 0      #   ops replayed eagerly
     compiled_region_ns: int = 0   #   calls of compiled regions
-    saved_vs_eager_ns: int = 0    # windows that ran compiled regions: eager run (measured) - run now
-    saved_windows: int = 0        # how many windows that estimate covers
+    # windows that ran compiled regions: how many, their eager runs (as measured when they
+    # last ran all eagerly) and their runs now; the difference is the estimated saving
+    compared_windows: int = 0
+    compared_eager_ns: int = 0
+    compared_run_ns: int = 0
     compile_latency_s: float = 0.0      # queued -> ready, summed over finished compiles
     compile_latency_max_s: float = 0.0  # the longest of them
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -87,8 +90,9 @@ class Counters:
         if opened_ns:
             self.capture_ns += start_ns - opened_ns
         if eager_ns is not None:
-            self.saved_vs_eager_ns += eager_ns - ran
-            self.saved_windows += 1
+            self.compared_windows += 1
+            self.compared_eager_ns += eager_ns
+            self.compared_run_ns += ran
 
     def reset(self) -> None:
         fresh = Counters()
