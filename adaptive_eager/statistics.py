@@ -88,10 +88,28 @@ class _StatsMethods:
         ran = self.ops_fused + self.ops_eager
         return self.ops_fused / ran if ran else None
 
+    @property
+    def time_s(self) -> dict[str, float]:
+        """Where the time went, in seconds (Note [What the time breakdown measures],
+        reporting.py): ``capture``, ``eager_replay``, ``compiled``, ``runtime`` (the rest
+        of the flushes), ``saved_vs_eager`` (an estimate) and ``compile_latency``.
+
+        Example::
+
+            >>> Stats(flush_ns=3_000_000, eager_replay_ns=1_000_000).time_s["runtime"]
+            0.002
+        """
+        rest = self.flush_ns - self.eager_replay_ns - self.compiled_region_ns
+        return {"capture": self.capture_ns / 1e9, "eager_replay": self.eager_replay_ns / 1e9,
+                "compiled": self.compiled_region_ns / 1e9, "runtime": max(rest, 0) / 1e9,
+                "saved_vs_eager": (self.compared_eager_ns - self.compared_run_ns) / 1e9,
+                "compile_latency": self.compile_latency_s}
+
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (tuples become lists)."""
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["total_flushes"] = self.total_flushes
+        out["time_s"] = self.time_s
         return out
 
     def to_json(self, indent: int | None = None) -> str:

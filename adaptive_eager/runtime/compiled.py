@@ -139,17 +139,24 @@ class CompiledExecutor:
 
     # -- the Executor contract ------------------------------------------------------
     def run(self, window: Window) -> FlushResult:
+        start = time.perf_counter_ns()  # Note [What the time breakdown measures] (reporting.py)
+        result, eager_ns = self._run(window)
+        self.counters.note_run(window.opened_ns, start, time.perf_counter_ns(), eager_ns)
+        return result
+
+    def _run(self, window: Window) -> tuple[FlushResult, int | None]:
+        """Run ``window``; also its measured eager time when compiled regions ran in it."""
         groups = storage_groups(window)
         key, floats = window_key(window, groups)
         history = self.windows.get(key)
         n_ops = len(window.nodes)
         how = route(history, n_ops, self.options, self.demote)
         if how == UNPAYING:
-            return self._run_unpaying(window, history)
+            return self._run_unpaying(window, history), None
         if how == NOVEL:
             if _MISS_LOG.isEnabledFor(logging.DEBUG):
                 self._log_miss(window)  # a new window, not the second sighting of one
-            return self._run_novel(window, self.windows.entry(key))
+            return self._run_novel(window, self.windows.entry(key)), None
         if history is None:
             history = self.windows.entry(key)
         first = history.plan is None
@@ -180,9 +187,11 @@ class CompiledExecutor:
             history.eager_ns = t1 - t0
         compiling = any(s.region.fused and self.cache.entry(s.region.key).state == COMPILING
                         for s in plan.steps)
-        verdict = judge(history, n_ops, worth, self.counters.compiled_calls > compiled_before,
-                        compiling, t1, window.opened_ns, self.options.async_compile)
-        return FlushResult({vid: env[vid] for vid in window.outputs}, verdict)
+        ran_compiled = self.counters.compiled_calls > compiled_before
+        verdict = judge(history, n_ops, worth, ran_compiled, compiling, t1, window.opened_ns,
+                        self.options.async_compile)
+        return (FlushResult({vid: env[vid] for vid in window.outputs}, verdict),
+                history.eager_ns if ran_compiled else None)
 
     def close(self) -> None:
         """Stop the compile service's thread (queued compiles are dropped)."""
@@ -215,6 +224,7 @@ class CompiledExecutor:
             run_nodes(window, range(len(window.nodes)), env)
         eager_ns = time.perf_counter_ns() - t0
         self.counters.ops_eager += len(window.nodes)
+        self.counters.eager_replay_ns += eager_ns
         capture_ns = t0 - window.opened_ns if window.opened_ns else None
         return {vid: env[vid] for vid in window.outputs}, capture_ns, eager_ns
 
@@ -244,11 +254,13 @@ class CompiledExecutor:
 
     # -- running --------------------------------------------------------------------
     def _run_eager(self, window: Window, region: Region, env: dict) -> None:
+        t0 = time.perf_counter_ns()
         if _profiling():
             with torch.profiler.record_function("adaptive_eager.eager_replay"):
                 run_nodes(window, region.nodes, env)
         else:
             run_nodes(window, region.nodes, env)
+        self.counters.eager_replay_ns += time.perf_counter_ns() - t0
         self.counters.ops_eager += len(region.nodes)
         if not region.fused and region.reason not in _COST_REASONS:
             for i in region.nodes:
@@ -319,15 +331,13 @@ class CompiledExecutor:
         versions = [t._version for t in written]
         timed = len(entry.compiled_ns) < _TIMED_CALLS and self.demote
         try:
-            if timed:
-                t0 = time.perf_counter_ns()
-                outs = entry.fn(*args)
-                entry.compiled_ns.append(time.perf_counter_ns() - t0)
-            elif _profiling():
+            t0 = time.perf_counter_ns()
+            if _profiling():
                 with torch.profiler.record_function("adaptive_eager.compiled_region"):
                     outs = entry.fn(*args)
             else:
                 outs = entry.fn(*args)
+            ran_ns = time.perf_counter_ns() - t0
         except Exception as e:  # noqa: BLE001 - a checked artifact that fails later
             reason = f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}"
             if region.mutated:
@@ -348,8 +358,10 @@ class CompiledExecutor:
             # again (a hand-written SGD step moved ``weight._version`` 1 -> 3 in 3 steps);
             # the counts are put back to what eager shows.
             _set_versions(tuple(written), tuple(versions))
+        self.counters.compiled_region_ns += ran_ns
         self._bind(region, env, outs)
         if timed:
+            entry.compiled_ns.append(ran_ns)
             self._maybe_demote(entry)
 
     def _bind(self, region: Region, env: dict, outs: Any) -> None:

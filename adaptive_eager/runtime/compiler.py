@@ -193,13 +193,14 @@ class CompileService:
             sys.setswitchinterval(switch)
         dt = time.perf_counter() - t0
         exiting = isinstance(err, Exiting)
-        with self.counters.lock:
-            self.counters.compiles_in_flight -= 1
-            if not exiting:
-                self.counters.compile_time_s += dt
-        if exiting:  # the interpreter is exiting: nothing to report
+        if exiting:
+            # The interpreter is exiting: nothing to log, and the compile stays counted in
+            # flight, which is what the exit report (written after the worker stops) says.
             transition(entry, EAGER_ONLY, str(err))
             return
+        with self.counters.lock:
+            self.counters.compiles_in_flight -= 1
+            self.counters.compile_time_s += dt
         if entry.state != COMPILING:  # timed out meanwhile
             return
         if err is not None:
@@ -210,9 +211,13 @@ class CompileService:
                 raise err
             return
         transition(entry, COMPILED, fn=fn)
-        clog.debug("compile finished: region %s in %.2f s", _short(entry.key), dt)
+        latency = time.monotonic() - entry.submitted_at  # queued -> ready
+        clog.debug("compile finished: region %s in %.2f s (%.2f s after it was queued)",
+                   _short(entry.key), dt, latency)
         with self.counters.lock:
             self.counters.regions_compiled += 1
+            self.counters.compile_latency_s += latency
+            self.counters.compile_latency_max_s = max(self.counters.compile_latency_max_s, latency)
 
     def check_timeout(self, entry: RegionEntry) -> None:
         """Called by the executor on each use of a compiling entry (async mode)."""

@@ -47,6 +47,19 @@ class Counters:
     optimizer_steps_foreach: int = 0  # torch.optim steps run at the foreach level (dispatch/optim.py)
     handles_released: int = 0     # bound handles turned into plain tensors (mode.release_handles)
     warmup_ended: str = ""        # why and where capture started (Note [The first iteration runs eagerly])
+    # Where the time went (Note [What the time breakdown measures]): wall ns, summed over
+    # flushed windows; one perf_counter_ns pair per flush and per region, none per op.
+    capture_ns: int = 0           # first recorded op to flush: recording + the program's Python between
+    flush_ns: int = 0             # the executors' runs of those windows, of which:
+    eager_replay_ns: int = 0      #   ops replayed eagerly
+    compiled_region_ns: int = 0   #   calls of compiled regions
+    # windows that ran compiled regions: how many, their eager runs (as measured when they
+    # last ran all eagerly) and their runs now; the difference is the estimated saving
+    compared_windows: int = 0
+    compared_eager_ns: int = 0
+    compared_run_ns: int = 0
+    compile_latency_s: float = 0.0      # queued -> ready, summed over finished compiles
+    compile_latency_max_s: float = 0.0  # the longest of them
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def note_flush(self, reason: str, site: str | None) -> None:
@@ -65,6 +78,21 @@ class Counters:
                 self.fallback_sites[op] = site
             elif target is not None:
                 self.sources_wanted[target] = op
+
+    def note_run(self, opened_ns: int, start_ns: int, end_ns: int,
+                 eager_ns: int | None = None) -> None:
+        """Time one executor run of a window (Note [What the time breakdown measures]):
+        it ran from ``start_ns`` to ``end_ns``, its first op was recorded at ``opened_ns``
+        (0: unknown); ``eager_ns``: the window's measured eager run, when compiled regions
+        ran in it this time (the saving estimate)."""
+        ran = end_ns - start_ns
+        self.flush_ns += ran
+        if opened_ns:
+            self.capture_ns += start_ns - opened_ns
+        if eager_ns is not None:
+            self.compared_windows += 1
+            self.compared_eager_ns += eager_ns
+            self.compared_run_ns += ran
 
     def reset(self) -> None:
         fresh = Counters()
