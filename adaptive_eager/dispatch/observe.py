@@ -34,7 +34,7 @@ import torch
 from .direct import HANDLERS, _SET_DATA
 from .exported import note_export
 from .lazy import _TLS as _LAZY_TLS
-from .lazy import suspended
+from .lazy import LazyTensor, suspended
 from .mode import AdaptiveEagerMode, _tensors
 from .parking import READ_WEIGHT, end_warmup, safe_point
 from .source import called_by_user, user_source, warnings_at_user_line
@@ -72,6 +72,9 @@ SCALARS = ("item", "__bool__", "cpu")
 # functions.
 CONVERSIONS = ("__float__", "__int__", "__index__", "__complex__")
 _DIRECT_METHODS = ("new_tensor",)
+# Not reads, but safe points between the program's torch calls (dispatch/parking.py): a
+# backward pass is thousands of ops with no other safe point inside.
+_SAFE_POINT_METHODS = ("backward",)
 _DIRECT_FUNCTIONS = ("tensor", "as_tensor", "asarray", "_has_compatible_shallow_copy_type")
 
 # Note [A branch on a tensor is a bool read]
@@ -129,6 +132,21 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
             # Note [The first iteration runs eagerly]: the program's read ends it
             # (torch's own, like an optimizer reading its step count, does not).
             end_warmup(mode, f"{R.OBSERVE}:{name.strip('_')}", user_source(2))
+        if type(args[0]) is not LazyTensor and kind != "scalar":
+            # Parked: nothing is pending and no mode of ours is on a stack, so a plain
+            # tensor is read as it is (only what it exports is remembered); suspended,
+            # the reads torch makes inside this one (repr's items) are not counted.
+            if kind == "exposing":
+                with suspended(), warnings_at_user_line():  # Note [Warnings keep the program's line]
+                    out = func(*args, **kwargs)
+                note_export(name, args[0], out)  # Note [Exported memory]
+            elif kind == "copying":
+                with suspended():
+                    out = func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
+            safe_point(mode, READ_WEIGHT)
+            return out
     if kind == "scalar":
         reason = _READ_REASONS.get(name)
         if reason is None:
@@ -150,11 +168,14 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
             mode.flush(f"{R.OBSERVE}:{name.strip('_')}", user_source(2), targets=targets)
         # The read itself runs ops (numpy() and storage() detach, repr formats):
         # on real tensors, for real, or it would read a handle's empty storage.
-        # Note [Warnings keep the program's line] (source.py)
-        with suspended(), warnings_at_user_line():
-            out = func(*args, **kwargs)
-            if kind == "exposing":
+        if kind == "exposing":
+            # Note [Warnings keep the program's line] (source.py): storage() warns
+            with suspended(), warnings_at_user_line():
+                out = func(*args, **kwargs)
                 note_export(name, args[0], out)  # Note [Exported memory]
+        else:
+            with suspended():
+                out = func(*args, **kwargs)
     safe_point(mode, READ_WEIGHT)  # between torch calls: park or unpark (parking.py)
     return out
 
@@ -172,6 +193,21 @@ def _method(name: str, func: Callable, kind: str) -> Callable:
 
     read.__ae_wrapped__ = func  # type: ignore[attr-defined]
     return read
+
+
+def _safe_point(name: str, func: Callable) -> Callable:
+    @functools.wraps(func)
+    def around(*args: Any, **kwargs: Any) -> Any:
+        mode = _mode_here()
+        if mode is None:
+            return func(*args, **kwargs)
+        safe_point(mode, READ_WEIGHT)
+        out = func(*args, **kwargs)
+        safe_point(mode, READ_WEIGHT)
+        return out
+
+    around.__ae_wrapped__ = func  # type: ignore[attr-defined]
+    return around
 
 
 def _function(name: str, func: Callable) -> Callable:
@@ -222,6 +258,10 @@ def install() -> None:
                 continue
             WRAPPED[name] = (torch.Tensor, func)
             setattr(torch.Tensor, name, _method(name, func, kind))
+        for name in _SAFE_POINT_METHODS:
+            func = getattr(torch.Tensor, name)
+            WRAPPED[name] = (torch.Tensor, func)
+            setattr(torch.Tensor, name, _safe_point(name, func))
         for name in _DIRECT_FUNCTIONS:
             func = getattr(torch, name)
             WRAPPED[f"torch.{name}"] = (torch, func)

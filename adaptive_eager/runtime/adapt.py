@@ -231,11 +231,12 @@ PROBE_SHARE = 0.05
 # not inflate, and which a device's busy-waits and launches are part of): below it
 # (tiny ops, a small model's training step) the mode parks
 # without capturing anything; above it, capture starts and windows are judged as
-# before. Measuring costs one pass-through of MEASURE_OPS ops (~0.5 ms). Measured per op
+# before. Measuring costs one pass-through of MEASURE_OPS ops or more (~0.3 ms; a backward
+# pass with no safe point inside can be thousands). Measured per op
 # at 64f5bd7 on this 2-core CPU (1 thread): regression 11 µs, tiny MLP 12 µs, nanoGPT
 # tiny 17 µs, word_language_model LSTM 29 µs; the GPT benchmark step (d=256) 600 µs, the
 # pointwise block 3 ms, the emulated neuron MLP (20 µs launches) 87 µs.
-MEASURE_OPS = 64
+MEASURE_OPS = 32
 MEASURE_MAX_NS = 50_000_000
 MEASURE_NS_PER_OP = 3 * CAPTURE_NS_PER_OP
 
