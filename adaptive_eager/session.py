@@ -35,7 +35,7 @@ import torch
 from . import config
 from ._logging import log
 from .config import Options
-from .dispatch import AdaptiveEagerMode, MetaMemo, ObserveMode, OpTable
+from .dispatch import AdaptiveEagerMode, MetaMemo, Observer, OpTable
 from .dispatch import interrupts, parking
 from .dispatch.kernel_state import install as install_state_setters
 from .dispatch.opaque import install as install_opaque_calls
@@ -144,8 +144,9 @@ def get_session(options: Options) -> Session:
             parking.install(_thread_stack, _COUNTERS)  # Note [The safe points registry]
             install_opaque_calls()  # Note [Opaque calls]
             install_state_setters(_global_state_changed)  # Note [Global state that kernels read]
-            s = Session(options, make_executor(options, _COUNTERS), _COUNTERS,
-                        DeferPolicy.for_options(options, _COUNTERS))
+            policy = DeferPolicy.for_options(options, _COUNTERS)
+            policy.on_stop = parking.policy_stopped  # Note [Parking the mode]
+            s = Session(options, make_executor(options, _COUNTERS), _COUNTERS, policy)
             if options.report:
                 report_at_exit(options.report, stats)
         _SESSIONS[options] = s  # most recently used last
@@ -190,33 +191,28 @@ def _enter(st: list, options: Options) -> tuple:
     outer = current_mode()
     if outer is not None:
         outer.flush(R.NESTED_ENTER)
-        outer_observe = parking.innermost_observe(st)
-        if outer_observe is not None:
-            parking.resume(outer_observe)  # Note [Deep parking]
-        parking.unpark(outer)  # a parked outer mode goes back under the new one
+        parking.unpark(outer, R.NESTED_ENTER)  # a parked outer mode goes back under the new one
     mode = get_session(options).new_mode()
-    observe = ObserveMode(mode)
+    observer = Observer(mode)
     mode.__enter__()
-    observe.__enter__()
-    entry = (mode, observe)
+    observer.__enter__()
+    entry = (mode, observer)
     st.append(entry)
+    parking.block_entered(mode)  # a safe point: a warming policy parks at once
     return entry
 
 
 def _leave(entry: tuple) -> None:
     """Leave the block of ``entry`` (already popped from this thread's stack)."""
-    mode, observe = entry
+    mode, observer = entry
     try:
         mode.flush(R.EXIT)
-        if observe is not None:
+        if observer is not None:
             mode.release_handles()  # Note [Releasing bound handles]
     finally:
-        if observe is not None:
-            if observe.deep and not parking.resume(observe):
-                observe.deep = False  # off the stack already: nothing to pop
-            else:
-                observe.__exit__(None, None, None)
-            parking.unpark(mode)  # back on the stack, so that its own __exit__ pops it
+        if observer is not None:
+            observer.__exit__(None, None, None)
+            parking.block_left(mode)  # back on the stack, so that its own __exit__ pops it
             mode.__exit__(None, None, None)
 
 
@@ -226,18 +222,13 @@ def _leave(entry: tuple) -> None:
 # fail with "IndexError: pop from empty list" in the worker and leave the entering
 # thread capturing for good. Now the exit in the wrong thread raises an error naming
 # both threads and changes nothing in the exiting thread; the block counts as
-# closed: its mode stops deferring (ops pass straight through, and its ObserveMode
-# takes it off the entering thread's dispatch stack at the next torch call there),
-# and the entering thread leaves it, flushing what is pending, the next time it
-# touches the runtime (a block's entry or exit, current_mode(), sync(), an optimizer
+# closed: its mode stops deferring (ops pass straight through, and it parks at the
+# entering thread's next safe point), and the entering thread leaves it, flushing
+# what is pending, the next time it touches the runtime (a block's entry or exit, current_mode(), sync(), an optimizer
 # step or a module call while parked). _ABANDONED holds such entries per thread id
 # until then.
 _ABANDONED: dict[int, list[tuple]] = {}
 _ABANDONED_LOCK = threading.Lock()
-
-
-def _never_defer(*_: Any) -> bool:
-    return False
 
 
 def _exited_elsewhere(entered: list) -> None:
@@ -247,7 +238,8 @@ def _exited_elsewhere(entered: list) -> None:
     ident, name, entry = entered.pop()
     mode, observe = entry
     if observe is not None:
-        mode._should_defer = _never_defer
+        mode.policy = DeferPolicy.never()
+        mode._should_defer = mode.policy.should_defer
     alive = {t.ident for t in threading.enumerate()}
     with _ABANDONED_LOCK:
         for dead in [i for i in _ABANDONED if i not in alive]:
@@ -401,6 +393,7 @@ def sync() -> None:
     mode = current_mode()
     if mode is not None:
         mode.flush(R.EXPLICIT_SYNC)
+        parking.safe_point(mode, parking.READ_WEIGHT)  # between the program's torch calls
 
 
 def stats() -> Stats:

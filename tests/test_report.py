@@ -359,11 +359,11 @@ def _reason_literals_in_source() -> set[str]:
 
 
 def test_every_reason_has_advice():
-    from adaptive_eager.dispatch.observe import _OBSERVERS
+    from adaptive_eager.dispatch.observe import observed_names
     from adaptive_eager.reasons import SYNC_OPS, R, advice_for
 
     reasons = set(R.all().values()) | set(SYNC_OPS.values())
-    reasons |= {f"{R.OBSERVE}:{n.strip('_')}" for n in _OBSERVERS.values()}  # named after reads
+    reasons |= {f"{R.OBSERVE}:{n.strip('_')}" for n in observed_names()}  # named after reads
     assert {"item", "data_dependent", "exit", "opaque", "compile failed", "aliased_inputs",
             "observe:storage", "uncapturable", "escaped", "too_small"} <= reasons, reasons
     missing = sorted(r for r in reasons if not (advice_for(r) or advice_for(r, fallback=True)))

@@ -561,68 +561,67 @@ def test_handles_held_by_autograd_stay_handles():
     assert h.tolist() == [0.0, 2.0, 4.0]
 
 
-def _observe_on_stack() -> bool:
-    from adaptive_eager.dispatch import ObserveMode
+def _stacks_clean() -> bool:
+    """No mode of ours (nor any other) on either of this thread's mode stacks."""
+    return torch.overrides._get_current_function_mode_stack() == [] and \
+        _get_current_dispatch_mode_stack() == []
 
-    return any(isinstance(m, ObserveMode) for m in torch.overrides._get_current_function_mode_stack())
 
-
-def test_inference_loop_deep_parks_at_module_calls_and_removes_the_hook():
-    """Note [Deep parking at module calls]: with no optimizer, a parked runtime leaves
-    the torch-function stack at a module call; results equal eager; the global module
-    hook exists only while a runtime is parked."""
+def test_inference_loop_parks_off_every_stack_and_drops_the_module_hook():
+    """Note [Parking the mode], Note [Deep parking at module calls]: with no optimizer, a
+    parked runtime is on no mode stack at all; results equal eager; the global module hook
+    is there only while a runtime needs it (on the stack with its policy stopped, or parked
+    before its first read), and gone once the parked runtime sees reads."""
     from torch.nn.modules import module as nn_module
 
     from adaptive_eager.dispatch import parking
-    from adaptive_eager.session import _stack
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
     xs = [torch.randn(16, 32) for _ in range(40)]
     with torch.no_grad():
         ref = [m(x).sum().item() for x in xs]
-    got, deep_seen, hooked = [], False, False
+    got, parked_clean, hooked = [], False, []
     with torch.no_grad(), ae.adaptive_eager(backend="eager"):
+        mode = session.current_mode()
         for x in xs:
             got.append(m(x).sum().item())
-            deep_seen |= _stack()[-1][1].deep and not _observe_on_stack()
-            hooked |= parking.SAFE_POINTS.module_hooked and bool(nn_module._global_forward_pre_hooks)
+            parked_clean |= mode._parked and _stacks_clean()
+            hooked.append(parking.SAFE_POINTS.module_hooked)
     assert got == ref
-    assert deep_seen and hooked
+    assert parked_clean
+    assert not hooked[-1]  # parked, and it reads: module calls are not needed
     assert not parking.SAFE_POINTS.module_hooked and not nn_module._global_forward_pre_hooks
-    assert torch.overrides._get_current_function_mode_stack() == []
+    assert _stacks_clean()
 
 
-def test_deep_parked_inference_comes_back_when_the_policy_probes():
-    from adaptive_eager.session import _stack
-
+def test_parked_inference_comes_back_when_the_policy_probes():
     m = torch.nn.Linear(8, 8)
     with torch.no_grad(), ae.adaptive_eager(backend="eager"):
         mode = session.current_mode()
         policy = mode.policy
         for _ in range(30):
             (m(torch.randn(4, 8)).relu() * 2 + 1).sum().item()
-        observe = _stack()[-1][1]
-        assert observe.deep
-        policy._calls = policy.probe_every - 1   # the next module call probes
-        m(torch.randn(4, 8))
-        assert not observe.deep and _observe_on_stack()
+        assert mode._parked and _stacks_clean()
+        policy._calls = policy.probe_every - 1   # the next safe point probes ...
+        policy._phase_ns = 0                     # ... now (Note [Probes are paid for])
+        y = m(torch.randn(4, 8)).sum()
+        y.item()
+        assert not mode._parked and _get_current_dispatch_mode_stack() == [mode]
 
 
-def test_deep_parking_at_optimizer_steps_keeps_eager_results_and_a_clean_stack():
-    """Note [Deep parking]: once parked, the end of an optimizer step takes ObserveMode
-    off the torch-function stack; training equals eager, a mode entered by the program
-    meanwhile keeps its place, and exit leaves both mode stacks empty."""
+def test_parking_at_optimizer_steps_keeps_eager_results_and_a_clean_stack():
+    """Note [Parking the mode]: once parked, an optimizer step runs with no mode of ours on
+    any stack; training equals eager, a mode entered by the program meanwhile keeps its
+    place, and exit leaves both mode stacks empty."""
     from torch.overrides import TorchFunctionMode
-
-    from adaptive_eager.session import _stack
 
     ref_losses, ref_params, _ = _sgd_mlp_run(40)
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(16, 32)
-    losses, deep_seen = [], False
+    losses, parked_clean = [], False
 
     class Counting(TorchFunctionMode):
         calls = 0
@@ -632,9 +631,10 @@ def test_deep_parking_at_optimizer_steps_keeps_eager_results_and_a_clean_stack()
             return func(*args, **(kwargs or {}))
 
     with ae.adaptive_eager(backend="eager"):
+        mode = session.current_mode()
         for i in range(40):
             if i == 30:
-                with Counting():  # the program's own mode, entered while deep-parked
+                with Counting():  # the program's own mode, entered while parked
                     loss = m(x).pow(2).mean()
             else:
                 loss = m(x).pow(2).mean()
@@ -642,54 +642,50 @@ def test_deep_parking_at_optimizer_steps_keeps_eager_results_and_a_clean_stack()
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
-            observe = _stack()[-1][1]
-            deep_seen |= observe.deep and not _observe_on_stack()
-    assert deep_seen and Counting.calls > 0
+            parked_clean |= mode._parked and _stacks_clean()
+    assert parked_clean and Counting.calls > 0
     assert losses == ref_losses
     for a, b in zip(m.parameters(), ref_params):
         assert torch.equal(a, b)
-    assert torch.overrides._get_current_function_mode_stack() == []
-    assert _get_current_dispatch_mode_stack() == []
+    assert _stacks_clean()
 
 
-def test_deep_parked_runtime_comes_back_at_a_safe_point_and_for_a_nested_block(monkeypatch):
-    from adaptive_eager import session as sess
-    from adaptive_eager.session import _stack
-
+def test_parked_runtime_comes_back_at_a_safe_point_and_for_a_nested_block(monkeypatch):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(16, 32)
     p = m[0].bias
 
-    def train_until_deep():
+    def train_until_parked():
         for _ in range(40):
             loss = m(x).pow(2).mean()
             loss.backward()
             opt.step()
             opt.zero_grad()
             loss.item()
-            if observe.deep:
+            if mode._parked:
                 return
 
     with ae.adaptive_eager(backend="eager"):
-        observe = _stack()[-1][1]
-        train_until_deep()
-        assert observe.deep and not _observe_on_stack()
+        mode = session.current_mode()
+        train_until_parked()
+        assert mode._parked and _stacks_clean()
         # A nested block (other options) brings the outer runtime back first.
         with ae.adaptive_eager(backend="aot_eager"):
-            assert _observe_on_stack()
+            assert _get_current_dispatch_mode_stack()[0] is mode
             y = p.detach() * 2
-        assert not observe.deep
+        assert not mode._parked
         torch.testing.assert_close(y, p.detach() * 2)
         # A probe due at the next safe point brings it back too.
-        train_until_deep()
-        assert observe.deep
+        train_until_parked()
+        assert mode._parked
         from adaptive_eager.dispatch import parking
         monkeypatch.setattr(parking, "SAFE_POINT_WEIGHT", 10**9)
+        mode.policy._phase_ns = 0  # Note [Probes are paid for]: due now
         opt.step()
-        assert not observe.deep and _observe_on_stack()
-    assert torch.overrides._get_current_function_mode_stack() == []
+        assert not mode._parked and _get_current_dispatch_mode_stack() == [mode]
+    assert _stacks_clean()
 
 
 def test_attention_without_dropout_is_recorded_not_flushed():

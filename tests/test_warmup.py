@@ -19,24 +19,57 @@ from adaptive_eager.runtime.adapt import DeferPolicy
 WARM = dict(backend="eager", warmup=True)
 
 
-def test_first_iteration_is_eager_and_a_read_starts_capture():
+def test_first_iteration_is_eager_and_a_read_starts_capture(monkeypatch):
+    """The program's first read ends the warm-up; the next iteration measures what its ops
+    cost (Note [Measure before capturing]) and, ops being dear enough (the threshold set
+    to 0 here), the one after is captured."""
+    from adaptive_eager.runtime import adapt
+
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 0)
+    monkeypatch.setattr(adapt, "MEASURE_OPS", 1)
     x = torch.randn(16)
     with ae.adaptive_eager(**WARM):
+        mode = ae.session.current_mode()
         first = (x * 2 + 1).sin()
-        first_type = type(first)
+        first_type, parked_first = type(first), mode._parked
         before = ae.stats()
         value = first.sum().item()           # the end of the first iteration
-        second = (x * 2 + 1).sin()
-        second_type = type(second)
+        second = (x * 2 + 1).sin()           # measured: on the stack, passed through
+        second_type, parked_second = type(second), mode._parked
         again = second.sum().item()
+        third = (x * 2 + 1).sin()
+        third_type = type(third)
+        last = third.sum().item()
         after = ae.stats()
-    assert first_type is torch.Tensor and before.ops_captured == 0
+    assert first_type is torch.Tensor and parked_first and before.ops_captured == 0
     assert not before.warmup_ended
-    assert second_type is LazyTensor and after.ops_captured > 0
+    assert second_type is torch.Tensor and not parked_second
+    assert third_type is LazyTensor and after.ops_captured > 0
     assert after.warmup_ended.startswith("observe:item at ")
     assert "test_warmup.py" in after.warmup_ended
-    assert value == again == pytest.approx(float((x * 2 + 1).sin().sum()))
+    assert value == again == last == pytest.approx(float((x * 2 + 1).sin().sum()))
     assert "capture started" in ae.report()
+
+
+def test_tiny_ops_are_measured_and_never_captured():
+    """Note [Measure before capturing]: after the warm-up, ops too cheap for capture to pay
+    are passed through and counted, then the mode parks: nothing is captured, the report
+    says why, and values equal eager's."""
+    from adaptive_eager.runtime import adapt
+
+    x = torch.randn(16)
+    ref = [float(((x * i + 1).sin() * 2).sum()) for i in range(60)]
+    with ae.adaptive_eager(**WARM):
+        got = [((x * i + 1).sin() * 2).sum().item() for i in range(60)]
+        mode = ae.session.current_mode()
+        parked = mode._parked
+    s = ae.stats()
+    assert got == ref
+    assert parked and s.ops_captured == 0 and s.windows == 0
+    assert s.ops_passthrough >= adapt.MEASURE_OPS and s.reads == 60
+    phases = [p[0] for p in s.phases.values()]
+    assert phases[:4] == ["parked", "warm-up ended", "measuring", "passed through"], phases
+    assert "capture cannot pay" in list(s.phases.values())[3][-1]
 
 
 def _train(model, data, runtime: bool):
@@ -50,13 +83,16 @@ def _train(model, data, runtime: bool):
             opt.zero_grad()
             losses.append(loss)               # read after the loop: no sync inside it
             if i == 0:
-                with torch.no_grad():
-                    captured_after_first = type(model(x)) is LazyTensor
+                mode = ae.session.current_mode()
+                captured_after_first = runtime and not mode._parked  # measuring, then capture
         stats = ae.stats()
     return [float(v.detach()) for v in losses], stats, captured_after_first
 
 
-def test_optimizer_step_ends_the_warmup_and_training_equals_eager():
+def test_optimizer_step_ends_the_warmup_and_training_equals_eager(monkeypatch):
+    from adaptive_eager.runtime import adapt
+
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 0)  # capture after measuring, however cheap
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
     ref_model = copy.deepcopy(model)
@@ -71,7 +107,7 @@ def test_optimizer_step_ends_the_warmup_and_training_equals_eager():
     # program's, so the warm-up lasts to the step's end.
     assert stats.warmup_ended.startswith("optimizer step at ")  # the program's opt.step() line
     assert "test_warmup.py" in stats.warmup_ended and "None" not in stats.warmup_ended
-    assert captured                           # capture started at the first step's end
+    assert captured                           # back on the stack at the first step's end
     assert stats.ops_captured > 0
 
 

@@ -3,10 +3,10 @@
 from .lazy import DeferredError, LazyTensor, suspended
 from .meta import MetaMemo
 from .mode import AdaptiveEagerMode
-from .observe import ObserveMode
+from .observe import Observer
 from .optable import Kind, OpTable, OpTraits
 
 __all__ = [
-    "AdaptiveEagerMode", "ObserveMode", "LazyTensor", "DeferredError", "MetaMemo",
+    "AdaptiveEagerMode", "Observer", "LazyTensor", "DeferredError", "MetaMemo",
     "OpTable", "OpTraits", "Kind", "suspended",
 ]

@@ -1,8 +1,7 @@
 """Torch functions that reach a tensor's TensorImpl or memory without dispatching an op.
 
-ObserveMode hands these to the handlers below instead of running them as they come
-(Note [Behind the dispatcher]); each one is a torch function, so the lookup costs
-nothing on the capture path beyond the observers' own.
+The read wrappers (observe.py) hand these to the handlers below instead of running them
+as they come (Note [Behind the dispatcher]); nothing else pays for them.
 
 Example::
 
@@ -27,6 +26,7 @@ from .lazy import LazyTensor, hold_memory, suspended, unwrap
 from ..reasons import R
 
 _SET_DATA = torch._C.TensorBase.data.__set__
+_SHALLOW_COPY_TYPE = torch._has_compatible_shallow_copy_type  # before observe.py wraps it
 
 
 # Note [Behind the dispatcher]
@@ -84,8 +84,8 @@ def _stand_in(t: Any) -> Any:
 
 def shallow_copy_type(mode: Any, args: tuple, kwargs: dict) -> bool:
     """``torch._has_compatible_shallow_copy_type`` of the tensors the handles stand for."""
-    return torch._has_compatible_shallow_copy_type(*(_stand_in(a) for a in args),
-                                                   **{k: _stand_in(v) for k, v in kwargs.items()})
+    return _SHALLOW_COPY_TYPE(*(_stand_in(a) for a in args),
+                              **{k: _stand_in(v) for k, v in kwargs.items()})
 
 
 def _nested_tensors(obj: Any, out: list) -> list:
@@ -137,10 +137,10 @@ def _scalar(mode: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
         return func(real, *args[1:], **kwargs)
 
 
-# func -> handler(mode, func, args, kwargs); ObserveMode runs these in its own place.
+# func -> handler(mode, func, args, kwargs); observe.py's wrappers run these in their place.
 HANDLERS: dict[Any, Callable[[Any, Callable, tuple, dict], Any]] = {
     _SET_DATA: lambda mode, func, args, kwargs: set_data(mode, args, kwargs),
-    torch._has_compatible_shallow_copy_type:
+    _SHALLOW_COPY_TYPE:
         lambda mode, func, args, kwargs: shallow_copy_type(mode, args, kwargs),
     torch.tensor: _from_data(0),
     torch.as_tensor: _from_data(0),

@@ -4,17 +4,17 @@
 calls one named handler. The mode owns the state (the open window, counters,
 executor); LazyTensor handles are thin and point back to it.
 
-Companion: :class:`~adaptive_eager.dispatch.observe.ObserveMode`, a TorchFunctionMode
-that sees Python-level reads of plain tensors (Note [Observation on CPU]).
+Companion: :class:`~adaptive_eager.dispatch.observe.Observer`, which sees Python-level
+reads of plain tensors through wrapped methods (Note [Observation on CPU]).
 
 Example::
 
     >>> import torch
     >>> from adaptive_eager import config
     >>> from adaptive_eager.runtime import EagerExecutor, Counters
-    >>> from adaptive_eager.dispatch.observe import ObserveMode
+    >>> from adaptive_eager.dispatch.observe import Observer
     >>> mode = AdaptiveEagerMode(config.resolve(backend="eager"), EagerExecutor(), Counters())
-    >>> with mode, ObserveMode(mode):
+    >>> with mode, Observer(mode):
     ...     y = torch.ones(3) + 1
     ...     print(y)
     tensor([2., 2., 2.])
@@ -104,7 +104,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self._traits = self.table._traits  # read-only fast path; OpTable fills it
         self._should_defer = self.policy.should_defer  # hot: asked on every torch call
         self._parked = False  # off the dispatch-mode stack (dispatch/parking.py)
-        # Set by ObserveMode while a Python-level scalar read runs (Note [A branch on a
+        # Set by the read wrappers while a Python-level scalar read runs (Note [A branch on a
         # tensor is a bool read], observe.py): what the sync of its scalar is called.
         self.read_reason: str | None = None
         self._strict = options.strict
@@ -409,9 +409,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
         whole window, so windows start where the program syncs.
         """
         # Torch functions off: a flush's own tensor calls (reading requires_grad, the
-        # profiler range) must not reach ObserveMode, which, the window being sealed,
-        # would see nothing pending and park the mode mid-flush (a flush from an
-        # optimizer hook or a handle's read runs with torch functions enabled).
+        # profiler range, a read) must not reach the read wrappers (observe.py), which,
+        # the window being sealed, would see nothing pending and park the mode mid-flush.
         with self.lock, torch._C.DisableTorchFunction(), critical():
             rec = self.recorder
             if len(rec) == 0:

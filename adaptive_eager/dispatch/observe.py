@@ -1,8 +1,14 @@
-"""ObserveMode: the torch-function half of the runtime.
+"""Observers: the Python-level reads of plain tensors, seen without a TorchFunctionMode.
 
-It flushes the dispatch mode before Python-level reads of plain tensors (Note
-[Observation on CPU]) and asks the pass-through policy whether to park the dispatch
-mode; parking itself, its own included, is dispatch/parking.py's (Note [Deep parking]).
+A Python-level read of a plain tensor (print, numpy, tolist, data_ptr, storage, pickle,
+dlpack) dispatches no ATen op, so the dispatch mode cannot see it (Note [Observation on
+CPU]). The methods and functions that do such reads are wrapped, once per process
+(:func:`install`), and each wrapper asks the calling thread's :class:`Observer` (one per
+block, entered with its mode) to flush first. A wrapper costs a thread-local lookup on the
+read it wraps and nothing on any other torch call (Note [Reads are seen where they
+happen]). The same wrappers are the runtime's safe points between ops: they end the
+eager warm-up at the program's first read, and park or unpark the mode after the read
+(dispatch/parking.py).
 
 Example::
 
@@ -11,24 +17,26 @@ Example::
     >>> from adaptive_eager.runtime import EagerExecutor, Counters
     >>> mode = AdaptiveEagerMode(config.resolve(backend="eager"), EagerExecutor(), Counters())
     >>> p = torch.zeros(2)
-    >>> with mode, ObserveMode(mode):
+    >>> with mode, Observer(mode):
     ...     _ = p.add_(1)        # a deferred in-place update of a plain tensor
-    ...     print(p.tolist())    # ObserveMode flushes before the read
+    ...     print(p.tolist())    # the tolist wrapper flushes before the read
     [1.0, 1.0]
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import threading
+from typing import Any, Callable
 
 import torch
-from torch.overrides import TorchFunctionMode
 
-from .direct import HANDLERS
+from .direct import HANDLERS, _SET_DATA
 from .exported import note_export
-from .lazy import suspended
+from .lazy import _TLS as _LAZY_TLS
+from .lazy import LazyTensor, suspended
 from .mode import AdaptiveEagerMode, _tensors
-from .parking import end_warmup, park, unpark
+from .parking import READ_WEIGHT, end_warmup, safe_point
 from .source import called_by_user, user_source, warnings_at_user_line
 from ..reasons import R
 
@@ -36,98 +44,242 @@ from ..reasons import R
 # Note [Observation on CPU]
 # Reading a plain CPU tensor (print, numpy, tolist, data_ptr) dispatches no ATen op,
 # so a deferred in-place update of a real tensor (a parameter after a deferred
-# optimizer step) would be read stale. ObserveMode sees those Python-level reads
-# and flushes first. Handles need no such help: LazyTensor overrides these methods.
-_OBSERVERS = {
-    getattr(torch.Tensor, name): name
-    for name in (
-        "__repr__", "__format__", "numpy", "tolist", "__array__", "data_ptr", "__dlpack__",
-        "untyped_storage", "storage", "_typed_storage", "__reduce_ex__", "__deepcopy__",
-        "__setstate__", "__getstate__", "share_memory_",
-    )
-    if hasattr(torch.Tensor, name)
-}
-
-
-# Reads that end the eager warm-up (Note [The first iteration runs eagerly]): the
-# observers above, and the syncs that return Python values (these reach the dispatch
-# mode as ATen ops when it captures, so the observers above do not list them).
-_READS = {**_OBSERVERS, **{
-    getattr(torch.Tensor, name): name
-    for name in ("item", "__bool__", "__float__", "__int__", "__index__", "cpu")
-}}
+# optimizer step) would be read stale. The wrappers below see those Python-level reads
+# and flush first. Handles need no such help: LazyTensor overrides these methods.
+#
+# Note [Reads are seen where they happen]
+# These reads used to be seen by a TorchFunctionMode on the stack beside the dispatch
+# mode: it saw every torch call (~3 µs each, measured: issue 13) to find the few that
+# read, and a parked runtime had to take it off the stack at safe points (optimizer
+# steps, module calls) to run at eager speed. Now the reading methods of torch.Tensor
+# and the functions that copy tensors' memory in C++ are wrapped, once per process (with
+# the first session): a wrapper costs ~0.6 µs on the read it wraps (a Python call and
+# a thread-local lookup; measured on bool() and item() of a 0-dim tensor) and no other
+# torch call pays anything. What each read does (flush everything, flush its tensors,
+# run a handler of dispatch/direct.py) is as before. Reads made by the runtime itself
+# (capture suspended, or torch functions disabled inside a flush) pass straight through,
+# as they did past the mode. Under Dynamo (torch.compile tracing a function that calls
+# one), a wrapper is the function it wraps. Limitation: a reference taken before the
+# first session (``from torch import tensor``) calls the unwrapped function.
+EXPOSING = ("numpy", "__array__", "data_ptr", "__dlpack__", "untyped_storage", "storage",
+            "_typed_storage", "share_memory_", "__setstate__")
+COPYING = ("__repr__", "__format__", "tolist", "__reduce_ex__", "__deepcopy__", "__getstate__")
+# Reads that end the eager warm-up (Note [The first iteration runs eagerly]) besides the
+# two above: scalar reads, whose sync the dispatch mode sees as an ATen op when it captures.
+SCALARS = ("item", "__bool__", "cpu")
+# Scalar conversions, reads handled by dispatch/direct.py (Note [Behind the dispatcher]);
+# and calls handled there that are not reads (no safe point, not counted), methods and
+# functions.
+CONVERSIONS = ("__float__", "__int__", "__index__", "__complex__")
+_DIRECT_METHODS = ("new_tensor",)
+# Not reads, but safe points between the program's torch calls (dispatch/parking.py): a
+# backward pass is thousands of ops with no other safe point inside.
+_SAFE_POINT_METHODS = ("backward",)
+_DIRECT_FUNCTIONS = ("tensor", "as_tensor", "asarray", "_has_compatible_shallow_copy_type")
 
 # Note [A branch on a tensor is a bool read]
 # `if t:`, `while t:`, `t and u` call Tensor.__bool__, whose ATen op is the same
 # _local_scalar_dense as .item()'s (is_nonzero is a composite op, decomposed before the
 # dispatch mode sees it). Only here, at the Python level, are the two told apart: the
 # mode is told which read it is while the call runs, and names the sync after it.
-_SCALAR_READS = {torch.Tensor.__bool__: R.BOOL}
-# Torch functions handled in their own way (Note [Behind the dispatcher], direct.py).
-_OBSERVED = {**_OBSERVERS, **{func: "direct" for func in HANDLERS}}
-_ROUTES = {**_OBSERVED, **_SCALAR_READS}  # one lookup per torch call for all
+_READ_REASONS = {"__bool__": R.BOOL}
 
-_COPYING_OBSERVERS = {"__repr__", "__format__", "tolist", "__reduce_ex__", "__deepcopy__", "__getstate__"}
+_TLS = threading.local()  # .observers: this thread's Observers, innermost last
+_all_disabled = torch._C._is_torch_function_all_disabled
+_is_compiling = torch.compiler.is_compiling
 
 
-class ObserveMode(TorchFunctionMode):
-    """Flushes ``mode`` before a Python-level read of any tensor's data."""
+class Observer:
+    """While entered (with its mode), Python-level reads in this thread flush ``mode``
+    first. Entering one installs the process's read wrappers if needed."""
 
     def __init__(self, mode: AdaptiveEagerMode):
-        super().__init__()
         self.mode = mode
-        self.deep = False  # off the torch-function stack (parking.deep_park)
-        self._depth = 0
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-        mode = self.mode
-        if mode._parked:
-            # Fast path: parked means nothing is pending in this thread, so no read
-            # needs a flush, and ops pass straight through unless the policy probes.
-            if not mode._should_defer():
-                if mode.policy.warming and func in _READS \
-                        and called_by_user(1):
-                    # Note [The first iteration runs eagerly]: the program's read ends it
-                    # (torch's own, like an optimizer reading its step count, does not).
-                    end_warmup(mode, f"{R.OBSERVE}:{_READS[func].strip('_')}", user_source(2))
-                name = _OBSERVED.get(func)
-                if name is None:
-                    return func(*args, **kwargs) if kwargs else func(*args)
-                # Nothing is pending, but exports are remembered and handles unwrapped.
-                return self._observe(name, func, args, kwargs or {})
-            unpark(mode)
-        kwargs = kwargs or {}
-        if not mode.recorder.nodes and not mode._should_defer():
-            park(mode)  # Note [Parking the mode] (parking.py)
-        name = _ROUTES.get(func)
-        if name is not None:
-            read = _SCALAR_READS.get(func)
-            if read is not None:
-                mode.read_reason = read  # Note [A branch on a tensor is a bool read]
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    mode.read_reason = None
-            return self._observe(name, func, args, kwargs)
-        return func(*args, **kwargs)
+    def __enter__(self) -> "Observer":
+        install()
+        stack = getattr(_TLS, "observers", None)
+        if stack is None:
+            stack = _TLS.observers = []
+        stack.append(self)
+        return self
 
-    def _observe(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
-        if name == "direct":
-            return HANDLERS[func](self.mode, func, args, kwargs)
-        if len(self.mode.recorder):
+    def __exit__(self, *exc: Any) -> None:
+        stack = _TLS.observers
+        if stack and stack[-1] is self:
+            stack.pop()
+        elif self in stack:
+            stack.remove(self)
+
+
+def _mode_here() -> AdaptiveEagerMode | None:
+    """The mode that observes reads in this thread now, or None (no runtime here, or
+    the read is the runtime's own: capture suspended, torch functions disabled)."""
+    stack = getattr(_TLS, "observers", None)
+    if not stack or getattr(_LAZY_TLS, "suspended", 0) or _all_disabled():
+        return None
+    return stack[-1].mode
+
+
+def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: tuple,
+          kwargs: dict) -> Any:
+    """A read in a thread with a runtime: flush what it needs, run it, then a safe point."""
+    counters = mode.counters
+    counters.reads += 1
+    if mode._parked:
+        counters.reads_parked += 1
+        if mode.policy.warming and called_by_user(2):
+            # Note [The first iteration runs eagerly]: the program's read ends it
+            # (torch's own, like an optimizer reading its step count, does not).
+            end_warmup(mode, f"{R.OBSERVE}:{name.strip('_')}", user_source(2))
+        if type(args[0]) is not LazyTensor and kind != "scalar":
+            # Parked: nothing is pending and no mode of ours is on a stack, so a plain
+            # tensor is read as it is (only what it exports is remembered); suspended,
+            # the reads torch makes inside this one (repr's items) are not counted.
+            if kind == "exposing":
+                with suspended(), warnings_at_user_line():  # Note [Warnings keep the program's line]
+                    out = func(*args, **kwargs)
+                note_export(name, args[0], out)  # Note [Exported memory]
+            elif kind == "copying":
+                with suspended():
+                    out = func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
+            safe_point(mode, READ_WEIGHT)
+            return out
+    if kind == "scalar":
+        reason = _READ_REASONS.get(name)
+        if reason is None:
+            out = func(*args, **kwargs)
+        else:
+            mode.read_reason = reason  # Note [A branch on a tensor is a bool read]
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                mode.read_reason = None
+    elif kind == "convert":
+        out = HANDLERS[func](mode, func, args, kwargs)
+    else:
+        if len(mode.recorder):
             # Copies out (repr, tolist, pickle) need only their tensors' values; what
             # exposes memory (numpy, data_ptr, storage, dlpack) can be written through,
             # so everything pending runs first.
-            targets = _tensors(args, kwargs) if name in _COPYING_OBSERVERS else None
-            self.mode.flush(f"{R.OBSERVE}:{name.strip('_')}", user_source(3), targets=targets)
+            targets = _tensors(args, kwargs) if kind == "copying" else None
+            mode.flush(f"{R.OBSERVE}:{name.strip('_')}", user_source(2), targets=targets)
         # The read itself runs ops (numpy() and storage() detach, repr formats):
         # on real tensors, for real, or it would read a handle's empty storage.
-        # Note [Warnings keep the program's line] (source.py)
-        with suspended(), warnings_at_user_line():
-            out = func(*args, **kwargs)
-            if name not in _COPYING_OBSERVERS:
+        if kind == "exposing":
+            # Note [Warnings keep the program's line] (source.py): storage() warns
+            with suspended(), warnings_at_user_line():
+                out = func(*args, **kwargs)
                 note_export(name, args[0], out)  # Note [Exported memory]
+        else:
+            with suspended():
+                out = func(*args, **kwargs)
+    safe_point(mode, READ_WEIGHT)  # between torch calls: park or unpark (parking.py)
+    return out
+
+
+def _method(name: str, func: Callable, kind: str) -> Callable:
+    if kind == "direct":  # not a read: a handler of direct.py, no safe point
+        return _function(name, func)
+
+    @functools.wraps(func)
+    def read(*args: Any, **kwargs: Any) -> Any:
+        mode = _mode_here()
+        if mode is None:
+            return func(*args, **kwargs)
+        return _read(mode, name, kind, func, args, kwargs)
+
+    read.__ae_wrapped__ = func  # type: ignore[attr-defined]
+    return read
+
+
+def _safe_point(name: str, func: Callable) -> Callable:
+    @functools.wraps(func)
+    def around(*args: Any, **kwargs: Any) -> Any:
+        mode = _mode_here()
+        if mode is None:
+            return func(*args, **kwargs)
+        safe_point(mode, READ_WEIGHT)
+        out = func(*args, **kwargs)
+        safe_point(mode, READ_WEIGHT)
         return out
 
+    around.__ae_wrapped__ = func  # type: ignore[attr-defined]
+    return around
 
-__all__ = ["ObserveMode"]
+
+def _function(name: str, func: Callable) -> Callable:
+    @functools.wraps(func)
+    def direct(*args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():  # Dynamo traces the function it wraps, in its graph
+            return func(*args, **kwargs)
+        mode = _mode_here()
+        if mode is None:
+            return func(*args, **kwargs)
+        return HANDLERS[func](mode, func, args, kwargs)
+
+    direct.__ae_wrapped__ = func  # type: ignore[attr-defined]
+    return direct
+
+
+def _set_data(self: torch.Tensor, value: Any) -> None:
+    mode = _mode_here()
+    if mode is None:
+        return _SET_DATA(self, value)
+    return HANDLERS[_SET_DATA](mode, _SET_DATA, (self, value), {})
+
+
+# Note [The read wrappers registry]
+# What install() replaced, name -> (owner, original), so that the wrappers are made
+# once per process and can be told from the originals; the documented registry of
+# this module.
+WRAPPED: dict[str, tuple[Any, Any]] = {}
+_INSTALL_LOCK = threading.Lock()
+
+
+def install() -> None:
+    """Wrap the reading methods of ``torch.Tensor`` and the functions of ``torch`` that
+    copy tensors' memory (once per process; Note [Reads are seen where they happen])."""
+    if WRAPPED:
+        return
+    with _INSTALL_LOCK:
+        if WRAPPED:
+            return
+        kinds = {**{n: "exposing" for n in EXPOSING}, **{n: "copying" for n in COPYING},
+                 **{n: "scalar" for n in SCALARS}, **{n: "convert" for n in CONVERSIONS},
+                 **{n: "direct" for n in _DIRECT_METHODS}}
+        for name, kind in kinds.items():
+            func = getattr(torch.Tensor, name, None)
+            if func is None:
+                continue
+            if kind in ("direct", "convert") and func not in HANDLERS:
+                continue
+            WRAPPED[name] = (torch.Tensor, func)
+            setattr(torch.Tensor, name, _method(name, func, kind))
+        for name in _SAFE_POINT_METHODS:
+            func = getattr(torch.Tensor, name)
+            WRAPPED[name] = (torch.Tensor, func)
+            setattr(torch.Tensor, name, _safe_point(name, func))
+        for name in _DIRECT_FUNCTIONS:
+            func = getattr(torch, name)
+            WRAPPED[f"torch.{name}"] = (torch, func)
+            setattr(torch, name, _function(name, func))
+        data = torch._C.TensorBase.data
+        WRAPPED["data"] = (torch.Tensor, data)
+        torch.Tensor.data = property(data.__get__, _set_data, doc=data.__doc__)  # type: ignore[assignment]
+
+
+def original(func: Any) -> Any:
+    """The function a read wrapper wraps (``func`` itself if it is none)."""
+    return getattr(func, "__ae_wrapped__", func)
+
+
+def observed_names() -> tuple[str, ...]:
+    """The reads that flush and are named after themselves (``observe:<name>``)."""
+    return tuple(n for n in EXPOSING + COPYING if hasattr(torch.Tensor, n))
+
+
+__all__ = ["Observer", "install", "original", "observed_names", "WRAPPED", "EXPOSING", "COPYING",
+           "SCALARS", "CONVERSIONS"]

@@ -1,17 +1,16 @@
-"""Parking: when the runtime steps off PyTorch's mode stacks, and when it comes back.
+"""Parking: when the runtime steps off PyTorch's dispatch-mode stack, and when it comes back.
 
 Whether to defer is the policy's decision (``runtime.adapt.DeferPolicy``); this module is
 the mechanism that acts on it, in one place:
 
 * :func:`park` / :func:`unpark`: the dispatch mode leaves or rejoins the dispatch-mode
   stack (Note [Parking the mode]);
-* :func:`deep_park` / :func:`resume`: the torch-function observer leaves or rejoins its
-  stack too (Note [Deep parking]);
+* :func:`safe_point`: a point between torch calls where either may happen;
 * :func:`end_warmup`: the program's first iteration is over (Note [The first iteration
   runs eagerly], runtime/adapt.py);
-* :class:`SafePoints`: the points between torch calls where both may happen: the start
-  and end of an optimizer step (global ``torch.optim`` hooks) and, while some runtime is
-  parked, every module call (a global forward pre-hook).
+* :class:`SafePoints`: the safe points besides the program's reads (observe.py): the
+  start and end of an optimizer step (global ``torch.optim`` hooks) and, while some
+  runtime needs them, module calls (a global forward pre-hook).
 
 Example::
 
@@ -27,14 +26,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
-from torch.overrides import _get_current_function_mode as _current_function_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 from torch.utils._python_dispatch import _pop_mode, _push_mode
-
-import torch
 
 from .._logging import artifact_logger
 from .optim import restore as restore_foreach
@@ -42,49 +39,106 @@ from .optim import use_foreach
 from .source import user_source
 from ..reasons import R
 
-_pop_function_mode = torch._C._pop_torch_function_stack
-_push_function_mode = torch._C._push_on_torch_function_stack
-_function_stack_len = torch._C._len_torch_function_stack
 _PARK_LOG = artifact_logger("ae_parking")
 
 # A safe point counts for this many torch calls towards the pass-through policy's probes:
-# the end of an optimizer step stands for a step's worth, a module call for a few.
+# the end of an optimizer step stands for a step's worth, a read for a few more than a
+# module call (torch's own reads, an optimizer's step counters, are reads too).
 SAFE_POINT_WEIGHT = 100
+READ_WEIGHT = 10
 MODULE_CALL_WEIGHT = 8
 
 
 # Note [Parking the mode]
 # Passing ops through still costs the dispatch mode's Python call (~5-8 µs per op),
 # more than a tiny op itself. So while the pass-through policy says nothing pays and
-# nothing is pending, the mode leaves the dispatch-mode stack ("parks"); ObserveMode,
-# a torch-function mode costing ~1 µs per call, keeps asking the policy and puts the
-# mode back when the policy probes again. Parking only happens when the mode is on top
-# of the stack, and a block unparks before exiting.
+# nothing is pending, the mode leaves the dispatch-mode stack ("parks") and ops run
+# with no Python in between: nothing else of the runtime is on a mode stack (reads are
+# seen by wrapped methods, Note [Reads are seen where they happen], observe.py). It
+# parks, and comes back when the policy probes or its compiles are ready, at a safe
+# point: a read of a tensor, the end of an optimizer step, a call of backward(), a
+# block's entry, sync(), and module calls while a runtime needs them (SafePoints). A parked mode has nothing
+# pending, so no read needs a flush. Parking only happens when the mode is on top of
+# the stack (a mode the program entered meanwhile keeps its place), and a block
+# unparks before exiting. Between the flush that stopped deferral and the next safe
+# point (a flush inside an op, a full window) ops pass through the mode, counted.
 def park(mode: Any) -> None:
     """``mode`` leaves the dispatch-mode stack while ops pass straight through."""
     if mode._parked or _current_dispatch_mode() is not mode:
         return
     _pop_mode()
     mode._parked = True
+    mode.policy.parked(time.perf_counter_ns())
+    mode.counters.note_phase("parked", mode.policy.reason or "pass-through policy")
     if _PARK_LOG.isEnabledFor(logging.DEBUG):
         _PARK_LOG.debug("parked (ops pass straight through): %s",
                         mode.policy.reason or "pass-through policy")
     mode.release_handles()  # Note [Releasing bound handles] (mode.py)
-    if SAFE_POINTS is not None:
-        SAFE_POINTS.parked_changed(True)
+    if SAFE_POINTS is not None:  # parked: its probes come at reads, steps, backward
+        SAFE_POINTS.wants_modules(mode, False)
 
 
-def unpark(mode: Any) -> None:
+def unpark(mode: Any, why: str = "") -> None:
     """``mode`` is back on the dispatch-mode stack (capturing again)."""
     if not mode._parked:
         return
     _push_mode(mode)
     mode._parked = False
+    mode.policy.unparked(time.perf_counter_ns())
+    mode.counters.note_phase("measuring" if mode.policy.measuring else "captured",
+                             why or mode.policy.why_deferring)
     if _PARK_LOG.isEnabledFor(logging.DEBUG):
-        _PARK_LOG.debug("unparked: capturing again (a probe, or compiles finished) at %s",
+        _PARK_LOG.debug("unparked: capturing again (%s) at %s", why or mode.policy.why_deferring,
                         user_source(2))
+    if SAFE_POINTS is not None:  # measuring ends at a safe point; capturing needs none
+        SAFE_POINTS.wants_modules(mode, mode.policy.measuring)
+
+
+def policy_stopped() -> None:
+    """The calling thread's policy stopped deferring (``DeferPolicy.on_stop``): its mode
+    passes ops through until the next safe point, module calls included."""
     if SAFE_POINTS is not None:
-        SAFE_POINTS.parked_changed(False)
+        st = SAFE_POINTS.thread_stack()
+        if st:
+            mode = st[-1][0]
+            if not mode._parked:
+                mode.counters.note_phase("passed through", mode.policy.reason)
+            SAFE_POINTS.wants_modules(mode, True)
+
+
+def safe_point(mode: Any, weight: int) -> None:
+    """Between torch calls (outside any op): park ``mode`` if the policy stopped deferring
+    and nothing is pending, or bring it back if the policy probes (``weight``: how many
+    torch calls this point stands for)."""
+    if mode._parked:
+        if mode.policy.on_stack(weight):
+            unpark(mode)
+    elif not mode.recorder.nodes:
+        policy = mode.policy
+        measuring = policy.measuring
+        if not policy.on_stack(0):
+            park(mode)
+        elif measuring and not policy.measuring:  # Note [Measure before capturing]
+            mode.counters.note_phase("captured", policy.why_deferring)
+            if SAFE_POINTS is not None:
+                SAFE_POINTS.wants_modules(mode, False)
+
+
+def block_entered(mode: Any) -> None:
+    """A block's mode was just pushed: a safe point (a warming policy, or one that passes
+    through, parks it at once; a probe counts a step's worth)."""
+    if not mode.policy.on_stack(SAFE_POINT_WEIGHT):
+        park(mode)
+
+
+def block_left(mode: Any) -> None:
+    """A block is being left: its mode goes back on the stack (if parked) to be popped by
+    its own ``__exit__``, and needs no safe points any more."""
+    if mode._parked:
+        _push_mode(mode)
+        mode._parked = False
+    if SAFE_POINTS is not None:
+        SAFE_POINTS.wants_modules(mode, False)
 
 
 def end_warmup(mode: Any, why: str, source: str | None) -> None:
@@ -93,66 +147,13 @@ def end_warmup(mode: Any, why: str, source: str | None) -> None:
         if source is None:
             source = user_source(2)  # e.g. the program's opt.step() line
         mode.counters.warmup_ended = f"{why} at {source}"
+        mode.counters.note_phase("warm-up ended", f"{why} at {source}")
         _PARK_LOG.debug("warm-up ended: %s at %s; capturing from now", why, source)
-
-
-# Note [Deep parking]
-# Parked, the mode still costs ObserveMode's Python call on every torch function
-# (~1.5 µs; an AdamW step makes 1,700 of them: 15-25% of its eager time). At a safe
-# point (SafePoints) a parked runtime takes ObserveMode off the torch-function stack
-# too, and ops run with no Python in between. Nothing is pending while parked, so no
-# read needs a flush. The next safe point asks the policy (its probes, or the end of a
-# compile wait) and puts ObserveMode back, which unparks the mode on the next torch
-# call. Only when ObserveMode is the top of the stack (and, to come back, when the stack
-# is as it was left) does this happen, so that a mode the program entered meanwhile
-# keeps its place.
-def deep_park(observe: Any) -> bool:
-    """``observe`` leaves the torch-function stack while its mode is parked; True if so."""
-    if observe.deep or not observe.mode._parked or _current_function_mode() is not observe:
-        return False
-    _pop_function_mode()
-    observe.deep = True
-    observe._depth = _function_stack_len()
-    return True
-
-
-def resume(observe: Any) -> bool:
-    """``observe`` is back on the torch-function stack after :func:`deep_park`."""
-    if not observe.deep or _function_stack_len() != observe._depth:
-        return False
-    _push_function_mode(observe)
-    observe.deep = False
-    return True
-
-
-def innermost_observe(stack: list) -> Any:
-    """The innermost ObserveMode of a thread's runtime stack of (mode, observe) entries."""
-    for _, observe in reversed(stack):
-        if observe is not None:
-            return observe
-    return None
-
-
-def park_or_resume(mode: Any, stack: list, weight: int) -> bool:
-    """At a safe point: deep-park a parked runtime, or bring a deep-parked one back when
-    the policy wants to capture again. False when the runtime is capturing."""
-    observe = innermost_observe(stack)
-    if observe is None or observe.mode is not mode:
-        return True
-    if observe.deep:
-        if mode._should_defer(weight):
-            resume(observe)
-    elif mode._parked:
-        if not mode.policy.warming:
-            deep_park(observe)
-    else:
-        return False
-    return True
 
 
 class SafePoints:
     """The process's safe points: global torch.optim step hooks, and a global module
-    forward pre-hook while some runtime is parked.
+    forward pre-hook while some runtime needs it (Note [Deep parking at module calls]).
 
     ``thread_stack()`` returns the calling thread's runtime stack (a list of (mode,
     observe) entries, innermost last) or None; ``counters`` counts the optimizer steps
@@ -163,7 +164,7 @@ class SafePoints:
         self.thread_stack = thread_stack
         self.counters = counters
         self._lock = threading.Lock()
-        self._parked = 0
+        self._wanting: "weakref.WeakSet[Any]" = weakref.WeakSet()  # modes that need module calls
         self._module_hook: Any = None
         self._tls = threading.local()  # optimizer -> param groups switched to foreach
         from torch.optim.optimizer import (  # noqa: PLC0415
@@ -189,7 +190,8 @@ class SafePoints:
         left = switched.pop(opt, None)
         if left:  # the last step raised before its post hook ran
             restore_foreach(left)
-        if self.thread_stack():
+        st = self.thread_stack()
+        if st and not st[-1][0]._parked:  # parked: the program's own optimizer, as eager
             groups = use_foreach(opt)
             if groups:
                 switched[opt] = groups
@@ -213,10 +215,10 @@ class SafePoints:
         if not st:
             return
         mode = st[-1][0]
+        mode.counters.optimizer_steps += 1
         if mode.policy.warming:
             end_warmup(mode, "optimizer step", None)  # Note [The first iteration runs eagerly]
-            return
-        if not park_or_resume(mode, st, SAFE_POINT_WEIGHT) and len(mode.recorder):
+        elif not mode._parked and len(mode.recorder):
             # Note [Optimizer steps end windows]
             # A program that reads nothing every step (loss read every N steps) has its
             # windows cut only by window_size, at a different op each iteration (an
@@ -224,36 +226,45 @@ class SafePoints:
             # nothing compiles. Ending the window at the end of each optimizer step
             # anchors windows to iterations: the same ops each step, so they recur.
             mode.flush(R.OPTIMIZER_STEP, user_source(2))
+        safe_point(mode, SAFE_POINT_WEIGHT)
 
     # -- module calls ---------------------------------------------------------------------
     # Note [Deep parking at module calls]
-    # Optimizer steps are the safe points of training loops; an inference loop (or any
-    # loop stepping no torch.optim optimizer) has none, so a parked runtime kept paying
-    # ObserveMode's Python call on every torch function (measured: a small GPT forward
-    # with a new sequence length each step, 20% over eager once passed through). While
-    # some runtime in the process is parked, a global module forward pre-hook is
-    # installed, and each module call is a safe point too: it deep-parks the parked
-    # runtime of its thread, and while deep-parked counts towards the policy's probes (a
-    # module call standing for a few torch calls) and brings ObserveMode back when the
-    # policy probes. Module calls happen between torch calls, never inside ObserveMode,
-    # like an optimizer step's end. While the warm-up lasts, ObserveMode stays: it is
-    # what sees the first read. The hook is removed when no runtime is parked, so
-    # programs pay for it only while parked.
+    # Reads, optimizer steps and backward calls are the safe points of most loops, but a
+    # stretch of ops may have none for long: a policy that stopped deferring at a full
+    # window (inside an op, where the mode cannot leave the stack) would pass every op
+    # through its Python call until the next one, and a measure (Note [Measure before
+    # capturing]) would run on; a backward pass alone is thousands of ops. So while some
+    # runtime is measuring or passing ops through on the stack, a global module forward
+    # pre-hook is installed and each module call is a safe point too (standing for a few
+    # torch calls towards the probes). Module calls happen between torch calls, like an
+    # optimizer step's end. Parked or capturing, no runtime needs it, and it is removed:
+    # a module call with a global hook costs ~1.7 µs more than one without (measured:
+    # nn.GELU on fp32[2, 8], 1 thread: 8.9 vs 10.6 µs), which a parked program would pay
+    # on every module call (measured at an earlier design: a GPT sampling loop 7% over
+    # eager from the hook alone). A parked runtime probes at the other safe points only:
+    # a loop with no reads, optimizer steps nor backward is not probed again.
     def module_call(self, *_: Any) -> None:
-        """Before a module's forward (the global module forward pre-hook, while parked)."""
+        """Before a module's forward (the global module forward pre-hook)."""
         st = self.thread_stack()
         if st:
-            park_or_resume(st[-1][0], st, MODULE_CALL_WEIGHT)
+            safe_point(st[-1][0], MODULE_CALL_WEIGHT)
 
-    def parked_changed(self, parked: bool) -> None:
+    def wants_modules(self, mode: Any, wanted: bool) -> None:
+        """Whether ``mode`` needs module calls as safe points now (the hook is installed
+        while some mode does)."""
+        if (mode in self._wanting) == wanted:
+            return
         with self._lock:
-            self._parked += 1 if parked else -1
-            if self._parked > 0 and self._module_hook is None:
+            if wanted:
+                self._wanting.add(mode)
+            else:
+                self._wanting.discard(mode)
+            if self._wanting and self._module_hook is None:
                 from torch.nn.modules.module import register_module_forward_pre_hook  # noqa: PLC0415
 
                 self._module_hook = register_module_forward_pre_hook(self.module_call)
-            elif self._parked <= 0 and self._module_hook is not None:
-                self._parked = 0
+            elif not self._wanting and self._module_hook is not None:
                 self._module_hook.remove()
                 self._module_hook = None
 
@@ -279,6 +290,5 @@ def install(thread_stack: Callable[[], list | None], counters: Any) -> SafePoint
         return SAFE_POINTS
 
 
-__all__ = ["park", "unpark", "end_warmup", "deep_park", "resume", "innermost_observe",
-           "park_or_resume", "SafePoints", "install", "SAFE_POINTS", "SAFE_POINT_WEIGHT",
-           "MODULE_CALL_WEIGHT"]
+__all__ = ["park", "unpark", "policy_stopped", "safe_point", "block_entered", "block_left", "end_warmup", "SafePoints", "install", "SAFE_POINTS",
+           "SAFE_POINT_WEIGHT", "READ_WEIGHT", "MODULE_CALL_WEIGHT"]

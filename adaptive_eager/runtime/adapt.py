@@ -21,8 +21,10 @@ Example::
 
     >>> p = DeferPolicy(patience=2, probe_every=3)
     >>> p.note(Verdict(50)); p.note(Verdict(50))
-    >>> [p.should_defer() for _ in range(4)]
-    [False, False, True, False]
+    >>> [p.should_defer() for _ in range(3)]     # the third is a probe
+    [False, False, True]
+    >>> p.should_defer()                         # its window is open until its verdict
+    True
     >>> p.note(Verdict(50, worth=True)); p.should_defer()
     True
     >>> w = DeferPolicy(warmup=True)     # the first iteration runs eagerly
@@ -190,18 +192,74 @@ def judge(history: WindowHistory, n_ops: int, worth: bool, ran_compiled: bool,
 
 
 # -- the session's pass-through policy ------------------------------------------------------
+# Note [Windows that cannot pay stop deferral]
+# A window replayed eagerly and timed (a first sighting, or one whose capture cannot pay)
+# tells at once whether capturing it can ever pay: fusing it can save at most its eager
+# run, and its capture (first op to flush) cost more than that. Counting such windows one
+# by one (patience 8 for planned windows, 48 for novel ones) let a small program spend
+# most of its time capturing before it passed through: measured at 64f5bd7 (CPU time, 1
+# thread), a regression with a manual update 1.4x eager over 200 steps (10 windows of 21
+# ops, each ~25x dearer to capture than to run), LBFGS with a closure 3.2x (62 novel
+# windows, 10,694 ops), a tiny nanoGPT 3.5x (771 windows). So the policy also sums, over
+# the timed windows since the last one worth compiling, their eager runs and their
+# captures, and stops deferring once CANNOT_PAY_EVIDENCE_NS of capture has been spent and
+# the eager runs add up to less than CANNOT_PAY_SHARE of it: even capture at that share
+# of today's cost would not break even. The bound on what that costs a program is the
+# evidence itself (a few ms), plus the probes (Note [Probes are paid for]).
+CANNOT_PAY_EVIDENCE_NS = 3_000_000
+CANNOT_PAY_SHARE = 0.5
+
+# Note [Probes are paid for]
+# While passing through, the policy captures a window now and then (a probe) to notice
+# a change (a window that grew, a capture that got cheaper). A probe that finds nothing
+# costs its capture, so probes are spaced by time as well as by safe points: after a
+# capture phase of C ns (unpark to park), the next probe waits for C / PROBE_SHARE ns of
+# passing through, which keeps failed probes under PROBE_SHARE of a program's time.
+PROBE_SHARE = 0.05
+
+# Note [Measure before capturing]
+# Capturing the first windows of a session costs far more than their ops (cold metadata
+# kernels: torch's Python refs and decompositions run ~0.5 ms per new op; measured on
+# the regression pattern: 31 ops captured in 14 ms, a third of the program's 40 ms), and
+# whether capture can pay is plain from the ops' own cost: fusing saves at most what
+# the ops take, and capturing one costs CAPTURE_NS_PER_OP or more. So where capture
+# would start (the warm-up's end, a probe) the policy first measures: the mode goes
+# back on the stack passing ops through (counted; ~8 µs each) until MEASURE_OPS ops or
+# MEASURE_MAX_NS have passed, and at the next safe point it compares the time per op
+# (the ops, the program's Python between them, the pass-through) with
+# MEASURE_NS_PER_OP (the thread's CPU time, which other processes on a loaded machine do
+# not inflate, and which a device's busy-waits and launches are part of): below it
+# (tiny ops, a small model's training step) the mode parks
+# without capturing anything; above it, capture starts and windows are judged as
+# before. Measuring costs one pass-through of MEASURE_OPS ops or more (~0.3 ms; a backward
+# pass with no safe point inside can be thousands). Measured per op
+# at 64f5bd7 on this 2-core CPU (1 thread): regression 11 µs, tiny MLP 12 µs, nanoGPT
+# tiny 17 µs, word_language_model LSTM 29 µs; the GPT benchmark step (d=256) 600 µs, the
+# pointwise block 3 ms, the emulated neuron MLP (20 µs launches) 87 µs.
+MEASURE_OPS = 32
+MEASURE_MAX_NS = 50_000_000
+MEASURE_NS_PER_OP = 3 * CAPTURE_NS_PER_OP
+
+# Why deferral stops or restarts (the report's phases; DeferPolicy.reason / why_deferring).
+WARMUP_REASON = "warm-up: the first iteration runs eagerly"
+WAITING_REASON = "waiting for compiles in flight"
+
+
 class DeferPolicy:
-    """Stops deferral after ``patience`` windows in a row with nothing worth compiling.
+    """Stops deferral after ``patience`` windows in a row with nothing worth compiling, or
+    once timed windows show their capture cannot pay (Note [Windows that cannot pay stop
+    deferral]).
 
     ``enabled=False`` (option ``adaptive_passthrough``) always defers. Owned by the
-    session; the mode asks :meth:`should_defer` before opening a window (while it answers
-    False, it answers True once every ``probe_every`` calls, so a window is captured now
-    and then and judged again) and hands it each flushed window's :class:`Verdict`.
+    session; the mode asks :meth:`should_defer` before opening a window and the safe
+    points ask it whether to come back (while it answers False, it answers True once every
+    ``probe_every`` calls' worth, Note [Probes are paid for], so a window is captured now
+    and then and judged again) and it is handed each flushed window's :class:`Verdict`.
     """
 
     def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
                  novel_patience: int = 48, in_flight: Callable[[], int] | None = None,
-                 warmup: bool = False):
+                 warmup: bool = False, passed_ops: Callable[[], int] | None = None):
         self.enabled = enabled
         # Note [The first iteration runs eagerly]
         # Capturing a window the first time costs its ops' Python capture (15-90 µs each)
@@ -211,8 +269,8 @@ class DeferPolicy:
         # (``loss.item()``, print, in the program's own code: torch's reads, like AdamW's
         # of its step count, do not count; the owner calls end_warmup) or the end of its
         # first optimizer step (a safe point). A program that does neither starts capturing
-        # at the first probe (``probe_every`` calls). Its first iteration then costs what
-        # eager's does, with no capture and no compile.
+        # at the first probe (``probe_every`` calls' worth of safe points). Its first
+        # iteration then costs what eager's does, with no capture and no compile.
         self.warming = enabled and warmup
         self._in_flight = in_flight
         self._waiting = False
@@ -223,22 +281,86 @@ class DeferPolicy:
         self._streak = 0
         self._defer = not self.warming
         self._calls = 0
+        self._probe = False  # a probe's window is open: defer until its verdict
+        self._spent_eager = 0  # Note [Windows that cannot pay stop deferral]
+        self._spent_capture = 0
+        self._spent_windows = 0
+        self._cannot_pay = ""
+        self._why = "capture from the block's first op" if self._defer else ""
+        self._parked_ns: int | None = None  # Note [Probes are paid for]
+        self._unparked_ns: int | None = None
+        self._phase_ns = 0
+        # Note [Measure before capturing]: how many ops passed through so far (None: no
+        # measuring, capture starts at once), and where the measure started.
+        self._passed_ops = passed_ops
+        self.measuring = False
+        self._measure_ns = 0
+        self._measure_ops = 0
+        # Called when deferral stops (the mechanism's cue: dispatch/parking.py).
+        self.on_stop: Callable[[], None] | None = None
 
     @classmethod
     def for_options(cls, options: Any, counters: Any) -> "DeferPolicy":
         """The policy a session with ``options`` runs under (its compiles counted in
         ``counters``)."""
         return cls(options.adaptive_passthrough, warmup=options.warmup,
-                   in_flight=lambda: counters.compiles_in_flight)
+                   in_flight=lambda: counters.compiles_in_flight,
+                   passed_ops=lambda: counters.ops_passthrough)
+
+    @classmethod
+    def never(cls) -> "DeferPolicy":
+        """A policy that never defers nor probes (a block closed from another thread)."""
+        p = cls(probe_every=2**62)
+        p._defer = False
+        p._why = ""
+        return p
 
     def end_warmup(self) -> bool:
         """Start capturing (Note [The first iteration runs eagerly]); True if warming."""
         if not self.warming:
             return False
         self.warming = False
-        self._defer = True
         self._calls = 0
+        self._capture_or_measure("the warm-up ended")
         return True
+
+    def _capture_or_measure(self, why: str) -> None:
+        if self._passed_ops is None or not self.enabled:
+            self._defer = True
+            self._why = why
+            return
+        self.measuring = True  # Note [Measure before capturing]
+        self._why = f"{why}: measuring what ops cost"
+        self._measure_ns = time.thread_time_ns()
+        self._measure_ops = self._passed_ops()
+
+    def on_stack(self, weight: int = 1) -> bool:
+        """At a safe point: whether the mode should be on the dispatch-mode stack now
+        (capturing, measuring, or a probe due). Ends a measure that has seen enough
+        (Note [Measure before capturing])."""
+        if not self.measuring:
+            return self.should_defer(weight) or self.measuring  # a probe measures first
+        ops = self._passed_ops() - self._measure_ops  # type: ignore[misc]
+        elapsed = time.thread_time_ns() - self._measure_ns
+        if ops < MEASURE_OPS and elapsed < MEASURE_MAX_NS:
+            return True
+        self.measuring = False
+        per_op = elapsed / max(ops, 1)
+        if ops and per_op >= MEASURE_NS_PER_OP:
+            self._defer = True
+            self._why = f"ops took {per_op / 1e3:.0f} µs each (over {ops} ops): worth capturing"
+            return True
+        self._cannot_pay = (
+            f"ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through): "
+            f"less than capturing one costs, so capture cannot pay")
+        self._stop()
+        return False
+
+    def _stop(self) -> None:
+        self._defer = False
+        self._probe = False
+        if self.on_stop is not None:
+            self.on_stop()
 
     def note(self, verdict: Verdict) -> None:
         """Record one flushed window's verdict.
@@ -252,12 +374,29 @@ class DeferPolicy:
         compile is in flight (``in_flight() == 0``), then resumes to judge the window
         with its compiled regions (Note [Waiting for compiles runs eagerly]).
         """
+        self._probe = False
         n_ops = verdict.ops
         if verdict.pending:
             if self.enabled and self._in_flight is not None:
                 self._waiting = True
-                self._defer = False
+                self._stop()
             return
+        if verdict.worth:
+            self._spent_eager = self._spent_capture = self._spent_windows = 0
+        elif verdict.eager_ns is not None and verdict.capture_ns is not None and n_ops >= 4:
+            self._spent_eager += verdict.eager_ns
+            self._spent_capture += verdict.capture_ns
+            self._spent_windows += 1
+            if self.enabled and self._spent_windows >= 2 and \
+                    self._spent_capture >= CANNOT_PAY_EVIDENCE_NS and \
+                    self._spent_eager < CANNOT_PAY_SHARE * self._spent_capture:
+                self._cannot_pay = (
+                    f"windows did not pay for their capture: they ran in "
+                    f"{self._spent_eager / 1e6:.1f} ms eagerly and took "
+                    f"{self._spent_capture / 1e6:.1f} ms to capture")
+                self._spent_eager = self._spent_capture = self._spent_windows = 0
+                self._stop()
+                return
         if verdict.novel:
             if n_ops >= 4:
                 # ``reshaped``: the same ops as a window seen before, on other shapes (a
@@ -268,16 +407,20 @@ class DeferPolicy:
                 # GPT forward with a new length each step costs 3-4x eager to capture).
                 self._novel_streak += RESHAPED_WEIGHT if verdict.reshaped else 1
                 if self.enabled and self._novel_streak >= self.novel_patience:
-                    self._defer = False
+                    self._cannot_pay = ""
+                    self._stop()
             return
         self._novel_streak = 0
         if verdict.worth:
             self._streak = 0
+            if not self._defer:
+                self._why = "a window is worth compiling"
             self._defer = True
         elif n_ops >= 4:  # one or two ops say nothing about the program
             self._streak += 1
             if self.enabled and self._streak >= self.patience:
-                self._defer = False
+                self._cannot_pay = ""
+                self._stop()
 
     @property
     def deferring(self) -> bool:
@@ -290,27 +433,61 @@ class DeferPolicy:
         if self._defer:
             return ""
         if self.warming:
-            return "warm-up: the first iteration runs eagerly"
+            return WARMUP_REASON
         if self._waiting:
-            return "waiting for compiles in flight"
+            return WAITING_REASON
+        if self._cannot_pay:
+            return self._cannot_pay
         if self._novel_streak >= self.novel_patience:
             return f"{self._novel_streak} windows in a row never seen before (they do not recur)"
         return f"{self._streak} windows in a row held nothing worth compiling"
 
+    @property
+    def why_deferring(self) -> str:
+        """Why the policy defers (or captures a probe) now, for the report's phases."""
+        return self._why
+
+    def parked(self, now_ns: int) -> None:
+        """The mechanism parked the mode at ``now_ns`` (Note [Probes are paid for])."""
+        if self._unparked_ns is not None:
+            self._phase_ns = now_ns - self._unparked_ns
+        self._parked_ns = now_ns
+
+    def unparked(self, now_ns: int) -> None:
+        """The mode is back on the stack at ``now_ns``."""
+        self._unparked_ns = now_ns
+        self._parked_ns = None
+
     def should_defer(self, weight: int = 1) -> bool:
         """O(1). ``weight``: how many calls this one stands for (a safe point at the end
         of an optimizer step stands for a step's worth of torch calls)."""
-        if self._defer:
+        if self._defer or self._probe:
             return True
+        if self.measuring:
+            return False
         if self._waiting and self._in_flight() == 0:  # type: ignore[misc]
             self._waiting = False
             self._defer = True
+            self._why = "compiles finished"
             return True
         self._calls += weight
         if self._calls >= self.probe_every:
+            if self._parked_ns is not None and self._phase_ns:
+                # Note [Probes are paid for]: not before the last phase is paid for
+                now = time.perf_counter_ns()
+                if now < self._parked_ns + self._phase_ns / PROBE_SHARE:
+                    self._calls = self.probe_every // 2  # look at the clock again later
+                    return False
             self._calls = 0
             if self.warming:
-                self.end_warmup()
+                self.warming = False
+                self._capture_or_measure("a probe ended the warm-up")
+                return self._defer
+            if self._passed_ops is not None:
+                self._capture_or_measure("a probe")
+                return False
+            self._probe = True
+            self._why = "a probe"
             return True
         return False
 
@@ -348,6 +525,7 @@ def transition(entry: RegionEntry, to: str, reason: str = "", fn: Any = None) ->
 
 
 __all__ = [
-    "CAPTURE_NS_PER_OP", "RESHAPED_WEIGHT", "pays_for_capture", "WindowHistory", "WindowLog",
+    "CAPTURE_NS_PER_OP", "RESHAPED_WEIGHT", "CANNOT_PAY_EVIDENCE_NS", "CANNOT_PAY_SHARE",
+    "PROBE_SHARE", "MEASURE_OPS", "MEASURE_MAX_NS", "MEASURE_NS_PER_OP", "pays_for_capture", "WindowHistory", "WindowLog",
     "UNPAYING", "NOVEL", "PLANNED", "route", "judge", "DeferPolicy", "transition", "Verdict",
 ]

@@ -214,7 +214,8 @@ class CompiledExecutor:
         history.eager_ns, history.capture_ns = eager_ns, capture_ns
         ops = tuple(node.target for node in window.nodes)  # the window without its shapes
         reshaped = self.windows.reshaped(ops)
-        return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped))
+        return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped,
+                                           eager_ns=eager_ns, capture_ns=capture_ns))
 
     def _replay_timed(self, window: Window) -> tuple[dict[int, torch.Tensor], int | None, int]:
         """Run every node eagerly: (outputs, capture time or None, eager time), in ns."""
@@ -234,7 +235,7 @@ class CompiledExecutor:
         sighting's capture ran metadata kernels cold), never planned."""
         values, capture_ns, ran_ns = self._replay_timed(window)
         history.timed(ran_ns, capture_ns if history.capture_ns is not None else None)
-        return FlushResult(values, Verdict(len(window.nodes)))
+        return FlushResult(values, Verdict(len(window.nodes), eager_ns=ran_ns, capture_ns=capture_ns))
 
     # -- planning -------------------------------------------------------------------
     def _plan(self, window: Window, groups: Mapping[int, int]) -> Plan:

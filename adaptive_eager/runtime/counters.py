@@ -10,6 +10,9 @@ Example::
     >>> c.note_flush("item", "train.py:12")
     >>> c.flushes["item"], c.sync_sites["train.py:12"]
     (1, 1)
+    >>> c.note_phase("parked", "8 windows in a row held nothing worth compiling")
+    >>> c.phases[0][:2]
+    ('parked', 0)
 """
 
 from __future__ import annotations
@@ -17,6 +20,45 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+
+
+# Phase changes kept in full (Note [Every cache is bounded], session.py); later ones are
+# only counted.
+MAX_PHASES = 64
+
+
+# Note [Counting while passing through]
+# Ops the mode captures, or passes through while on the stack, are counted exactly. A
+# parked mode is off every mode stack (Note [Parking the mode]), so its ops run with no
+# Python between them and cannot be counted without a per-op cost; what it does see are
+# its safe points: every Python-level read of a tensor (the read wrappers of observe.py)
+# and every optimizer step, counted exactly in every phase (reads_parked,
+# optimizer_steps_parked). The ops run while parked are estimated from those
+# (parked_ops_estimate): the safe points seen while parked times the ops per safe point
+# measured while the mode was on the stack, and the report says so. Windows and sync
+# sites exist only while capturing, so their counts are exact.
+def parked_ops_estimate(c: "Counters") -> tuple[int | None, str]:
+    """(estimated ops run while parked, how it was estimated) from counters or a Stats;
+    ``(None, why)`` when there is nothing to estimate from.
+
+    Example::
+
+        >>> c = Counters(ops_captured=400, reads=14, reads_parked=10)
+        >>> parked_ops_estimate(c)[0]
+        1000
+    """
+    ticks_parked = c.reads_parked + c.optimizer_steps_parked
+    if ticks_parked == 0:
+        return 0, "no safe point was passed while parked"
+    ticks_on = (c.reads - c.reads_parked) + (c.optimizer_steps - c.optimizer_steps_parked)
+    ops_on = c.ops_captured + c.ops_passthrough
+    if ticks_on == 0 or ops_on == 0:
+        return None, (f"{ticks_parked} reads and optimizer steps while parked; no ops per "
+                      "read or step measured to estimate from")
+    per = ops_on / ticks_on
+    return round(ticks_parked * per), (
+        f"estimated: {c.reads_parked} reads and {c.optimizer_steps_parked} optimizer steps while "
+        f"parked x {per:.0f} ops per read or step, measured while capturing")
 
 
 @dataclass
@@ -60,6 +102,17 @@ class Counters:
     compared_run_ns: int = 0
     compile_latency_s: float = 0.0      # queued -> ready, summed over finished compiles
     compile_latency_max_s: float = 0.0  # the longest of them
+    # Note [Counting while passing through]: what happens while the mode is parked (off
+    # the dispatch-mode stack, no Python between ops) is seen only at safe points.
+    reads: int = 0                # Python-level reads of tensors seen (observe.py), in any phase
+    reads_parked: int = 0         # of those, while the mode was parked
+    optimizer_steps: int = 0      # torch.optim steps ended in a block (dispatch/parking.py)
+    optimizer_steps_parked: int = 0  # of those, while the mode was parked
+    # n -> (phase, optimizer steps, reads, ops captured, ops passed through, why): each
+    # change of phase ("captured", "passed through", "parked", "warm-up ended"), the
+    # first MAX_PHASES of them; phase_changes counts them all.
+    phases: dict = field(default_factory=dict)
+    phase_changes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def note_flush(self, reason: str, site: str | None) -> None:
@@ -94,6 +147,14 @@ class Counters:
             self.compared_eager_ns += eager_ns
             self.compared_run_ns += ran
 
+    def note_phase(self, phase: str, why: str) -> None:
+        """The runtime's phase changed (Note [Counting while passing through])."""
+        n = self.phase_changes
+        self.phase_changes = n + 1
+        if n < MAX_PHASES:
+            self.phases[n] = (phase, self.optimizer_steps, self.reads, self.ops_captured,
+                              self.ops_passthrough, why)
+
     def reset(self) -> None:
         fresh = Counters()
         for name in self.__dataclass_fields__:
@@ -101,4 +162,4 @@ class Counters:
                 setattr(self, name, getattr(fresh, name))
 
 
-__all__ = ["Counters"]
+__all__ = ["Counters", "parked_ops_estimate", "MAX_PHASES"]

@@ -20,7 +20,7 @@ Example::
     ...            {0: TensorSpec.of(x), 1: TensorSpec.of(x)}, frozenset({1}))
     >>> r = EagerExecutor().run(w)
     >>> r.values[1], r.verdict
-    (tensor([2., 2.]), Verdict(ops=1, worth=False, novel=False, reshaped=False, pending=False))
+    (tensor([2., 2.]), Verdict(ops=1, worth=False, novel=False, reshaped=False, pending=False, eager_ns=None, capture_ns=None))
 """
 
 from __future__ import annotations
@@ -97,7 +97,9 @@ class Verdict:
     ``ops``: its size; ``worth``: it held a region that is (or may become) compiled and
     pays for its capture; ``novel``: a first sighting (worth unknown yet); ``reshaped``: a
     first sighting of ops seen lately on other shapes; ``pending``: its regions are
-    compiling (Note [Waiting for compiles runs eagerly]).
+    compiling (Note [Waiting for compiles runs eagerly]); ``eager_ns`` / ``capture_ns``:
+    its eager run and its capture (first op to flush) when it was replayed eagerly and
+    timed (Note [Windows that cannot pay stop deferral], runtime/adapt.py).
     """
 
     ops: int
@@ -105,6 +107,8 @@ class Verdict:
     novel: bool = False
     reshaped: bool = False
     pending: bool = False
+    eager_ns: int | None = None
+    capture_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
