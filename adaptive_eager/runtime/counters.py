@@ -47,6 +47,8 @@ class Counters:
     optimizer_steps_foreach: int = 0  # torch.optim steps run at the foreach level (dispatch/optim.py)
     handles_released: int = 0     # bound handles turned into plain tensors (mode.release_handles)
     warmup_ended: str = ""        # why and where capture started (Note [The first iteration runs eagerly])
+    fast_ops: int = 0             # of ops_captured, those matched against a recurring window's trace
+    trace_mismatches: Counter = field(default_factory=Counter)  # "op at line" -> windows that diverged there
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def note_flush(self, reason: str, site: str | None) -> None:
