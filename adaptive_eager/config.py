@@ -220,6 +220,11 @@ _SPECS: dict[str, _Spec] = {
         "run eagerly until the program first reads a value or ends an optimizer step "
         "(its first iteration), then start capturing; needs adaptive_passthrough",
     ),
+    "fast_path": _Spec(
+        True, _parse_bool,
+        "match windows that recur against their recorded trace instead of recording them "
+        "again (capture near the floor; off: every op is recorded)",
+    ),
     "report": _Spec("", _parse_str, "print the report at exit: '' (off), 1/stderr, or a file "
                     "path (JSON when it ends in .json)"),
     "strict": _Spec(
@@ -255,6 +260,7 @@ class Options:
     verify_compiled: bool = _SPECS["verify_compiled"].default
     adaptive_passthrough: bool = _SPECS["adaptive_passthrough"].default
     warmup: bool = _SPECS["warmup"].default
+    fast_path: bool = _SPECS["fast_path"].default
     report: str = _SPECS["report"].default
     strict: bool = _SPECS["strict"].default
 

@@ -244,6 +244,14 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
         ("cache", f"hits {_fmt_num(s.cache_hits)}, misses {_fmt_num(s.cache_misses)}, "
                   f"evictions {_fmt_num(s.cache_evictions)}  (hit rate {_pct(s.cache_hit_rate)})"),
     ]
+    if s.fast_ops or s.trace_mismatches:
+        # Note [Recurring windows are matched, not recorded] (dispatch/trace.py)
+        share = _pct(s.fast_ops / s.ops_captured) if s.ops_captured else "-"
+        text = f"{_fmt_num(s.fast_ops)} ops matched recurring windows ({share} of captured)"
+        if s.trace_mismatches:
+            site, n = next(iter(s.trace_mismatches.items()))
+            text += f"; {_fmt_num(sum(s.trace_mismatches.values()))} divergences, most at {site} ({n})"
+        rows.insert(1, ("fast path", text))
     if s.optimizer_steps_foreach:
         # Note [Optimizer steps at the foreach level] (dispatch/optim.py)
         rows.append(("optimizer steps", f"{_fmt_num(s.optimizer_steps_foreach)} run at the foreach "

@@ -37,6 +37,7 @@ from ._logging import log
 from .config import Options
 from .dispatch import AdaptiveEagerMode, MetaMemo, Observer, OpTable
 from .dispatch import interrupts, parking
+from .dispatch.trace import TraceBook
 from .dispatch.kernel_state import install as install_state_setters
 from .dispatch.opaque import install as install_opaque_calls
 from .dispatch.source import user_source
@@ -59,7 +60,8 @@ _TLS = threading.local()
 # - per value (grow with the program's data): the metadata memo (LRU,
 #   ``meta_cache_size``) and its spec interner (generations, Note [Bounded spec
 #   interning]); compiled regions (RegionCache, ``cache_size``); plans, eager and
-#   capture times, first sightings (the executor's LRUs, >= ``cache_size``); a
+#   capture times, first sightings (the executor's LRUs, >= ``cache_size``); the traces
+#   of recurring windows (TraceBook: emptied past MAX_NODES nodes); a
 #   region's lifted scalars (one per slot); bound handles (pruned, Note [Releasing
 #   bound handles]); sessions (LRU of _MAX_SESSIONS: a new backend callable per block
 #   makes new options each time).
@@ -89,12 +91,14 @@ class Session:
     policy: DeferPolicy
     table: OpTable = field(default_factory=OpTable)
     memo: MetaMemo | None = None
+    traces: TraceBook | None = None  # recurring windows' traces (dispatch/trace.py)
 
     def new_mode(self) -> AdaptiveEagerMode:
         if self.memo is None:
             self.memo = MetaMemo(self.options.meta_cache_size, self.counters)
+            self.traces = TraceBook(self.options.window_size)
         mode = AdaptiveEagerMode(self.options, self.executor, self.counters, self.policy,
-                                 self.table, self.memo)
+                                 self.table, self.memo, self.traces)
         with _MODES_LOCK:
             _MODES.add(mode)
         return mode

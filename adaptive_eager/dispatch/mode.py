@@ -36,7 +36,9 @@ from .._logging import artifact_logger, warn_once
 from ..config import Options
 from ..fusion.policy import fixed_shape_call, without_dropout
 from ..reasons import ROUTINE_REASONS, STRICT_FALLBACKS, SYNC_OPS, R, StrictModeError
+from ..fusion.graph import storage_groups
 from ..runtime import Counters, DeferPolicy, Executor
+from ..runtime.executor import Known
 from ..runtime.recovery import finish
 from .dynamo import dynamo_aware
 from .exported import Exported
@@ -44,11 +46,12 @@ from .interrupts import critical
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, bind, hold_memory, unwrap_all
 from .lazy import has_unbound as _has_unbound
-from .meta import MetaFailure, MetaMemo
+from .meta import KERNEL_LAYOUT_OPS, MetaFailure, MetaMemo
 from .optable import Kind, OpTable, OpTraits, raise_if_out_of_range
 from .recorder import OutputMismatch, Recorder
 from .release import release
 from .source import user_source
+from .trace import MISS, TraceBook, verify_key
 
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _get_infra_mode = torch._C._get_dispatch_mode
@@ -91,7 +94,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
 
     def __init__(self, options: Options, executor: Executor, counters: Counters,
                  policy: DeferPolicy | None = None, table: OpTable | None = None,
-                 memo: MetaMemo | None = None):
+                 memo: MetaMemo | None = None, traces: TraceBook | None = None):
         super().__init__()
         self.options = options
         self.executor = executor
@@ -113,7 +116,13 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self._bound_prune_at = 1024
         self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size, counters)
         self.lock = threading.RLock()
-        self.recorder = Recorder(torch.device(options.device), self.memo, owner=self)
+        # The session's traces of recurring windows (dispatch/trace.py); a mode made on its
+        # own keeps its own. None with fast_path off: every window is recorded.
+        if options.fast_path and traces is None:
+            traces = TraceBook(options.window_size)
+        self.traces = traces if options.fast_path else None
+        self.recorder = Recorder(torch.device(options.device), self.memo, owner=self,
+                                 book=self.traces)
         self._handlers = {
             Kind.RECORD: self._on_record,
             Kind.VIEW: self._on_view,
@@ -125,6 +134,18 @@ class AdaptiveEagerMode(TorchDispatchMode):
 
     # -- routing --------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        # Note [Recurring windows are matched, not recorded] (trace.py): the op the
+        # window's trace expects next, if the router would just record it.
+        rec = self.recorder
+        nd = rec.next
+        if nd is not None and func is nd.func and nd.direct and not _LAZY_TLS.suspended \
+                and _get_infra_mode(_FAKE) is None:
+            with self.lock:
+                out = nd.emit(rec, args, kwargs) if rec.next is nd else MISS
+            if out is not MISS:
+                if nd.full:
+                    self.flush(R.WINDOW_FULL)
+                return out
         kwargs = kwargs or {}
         if _get_infra_mode(_FAKE) is not None:
             # Note [Fake tensors are not ours]
@@ -138,7 +159,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
             # Python key (types lists them as torch.Tensor/Parameter) are ours to handle.
             if t is not LazyTensor and t.__torch_dispatch__ is not _PLAIN_DISPATCH:
                 return NotImplemented
-        if getattr(_LAZY_TLS, "suspended", 0):
+        if _LAZY_TLS.suspended:
             return self._run_real(func, args, kwargs)
         if not self.recorder.nodes and not self._should_defer():
             # The policy found nothing worth deferring lately: run straight through
@@ -226,8 +247,17 @@ class AdaptiveEagerMode(TorchDispatchMode):
         if func is _TO_COPY or func is _COPY_:
             if self._crosses_devices(func, args, kwargs):
                 return self._sync_then_run(func, args, kwargs, R.TRANSFER)
+        rec = self.recorder
+        if rec.at is not None or (rec.book is not None and not rec.nodes):
+            out = rec.replay(func, args, kwargs)  # a trace's node (trace.py)
+            if out is not MISS:
+                if traits.want_source:
+                    self._note_source(func)
+                if rec.at.full:
+                    self.flush(R.WINDOW_FULL)
+                return out
         try:
-            out = self.recorder.record(func, traits, args, kwargs)
+            out = rec.record(func, traits, args, kwargs)
         except MetaFailure as e:
             return self._on_meta_failure(func, args, kwargs, e)
         except OutputMismatch:
@@ -270,6 +300,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 break
             if hasattr(func, "_schema"):
                 self.table.want_source(func)
+                self._forget_traces()  # their nodes of func would not note it
 
     def _on_view(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
         # Note [Views of real tensors are recorded]
@@ -378,6 +409,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         out = self._run_real(func, args, kwargs)
         log.debug("no meta kernel for %s (%s); it syncs from now on", func, failure)
         self.table.mark_no_meta(func)
+        self._forget_traces()  # a trace would record what now syncs
         self._fallback(func, R.NO_META_KERNEL)
         return out
 
@@ -392,7 +424,9 @@ class AdaptiveEagerMode(TorchDispatchMode):
     def _sync_then_run(self, func: Any, args: tuple, kwargs: dict, reason: str) -> Any:
         traits = self._traits.get(func)
         reads_only = traits is not None and not traits.mutated_args
-        self.flush(reason, user_source(3), targets=_tensors(args, kwargs) if reads_only else None)
+        # The source line is found by the flush, only if it has work to do (a read of a
+        # host scalar nothing pending touches has none: no stack walk).
+        self.flush(reason, targets=_tensors(args, kwargs) if reads_only else None)
         return self._run_real(func, args, kwargs)
 
     def _run_real(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -415,23 +449,36 @@ class AdaptiveEagerMode(TorchDispatchMode):
             rec = self.recorder
             if len(rec) == 0:
                 return
-            if source is None:
-                source = user_source(2)
-            sliced = None
             vids = None
             if targets is not None:
                 vids = [v for v in (rec.vid_of(t) for t in targets) if v is not None]
                 if not vids and not any(type(t) is LazyTensor for t in targets):
                     return  # plain tensors no pending op touches: their values are current
+            if source is None:
+                source = user_source(2)
             if self._strict and reason not in ROUTINE_REASONS:
                 raise StrictModeError.at("sync", reason, source)  # nothing run: like eager's line
+            at = rec.at  # the trace node the window was matched to (trace.py), if any
+            if at is not None and not at.ends:
+                # Flushed where no recorded window ended: a divergence (it recurs? it
+                # becomes an ending of its own).
+                self.counters.trace_mismatches[f"flush ({reason}) at {source}"] += 1
+            sliced = None
             if vids:
-                sliced = rec.take_slice(vids, reason, source)
+                targets_key = tuple(vids)
+                if at is None or targets_key not in at.no_slice:
+                    sliced = rec.take_slice(vids, reason, source)
+                    if sliced is not None:
+                        at = None
+                    elif at is not None:
+                        at.no_slice.add(targets_key)  # the same window: the same answer
             failed = rec.failed  # values of earlier slices that failed (Note [A failed flush loses no work])
+            made, sids, floats = rec.made, rec._sids, rec.floats
             if sliced is not None:
                 window, live = sliced
             else:
                 window, live = rec.seal(reason, source)
+            known = self._known(at, window, floats) if at is not None else None
             error = None
             try:
                 self.counters.note_flush(reason, source)
@@ -443,19 +490,21 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 if torch.autograd.profiler._is_profiler_enabled:
                     # The range's own ops only while profiling: they reach this mode.
                     with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
-                        result = self.executor.run(window)
+                        result = self._run(window, known)
                 else:
-                    result = self.executor.run(window)
+                    result = self._run(window, known)
                 values = result.values
                 self.policy.note(result.verdict)  # the session's policy decides (runtime.adapt)
                 errors: Any = _NO_ERRORS
             except BaseException as e:  # noqa: BLE001 - Note [A failed flush loses no work]
                 values, errors, error = self._finish(window, live, e, failed)
+                result = None
             self.counters.ops_executed += len(window)
             if self.counters.sources_wanted:
                 self._want_sources()
             if sliced is None:
                 self._remember_bound(live)
+            learned = False
             for h in live:
                 vid = h._ae_vid
                 real = values.get(vid)
@@ -469,12 +518,47 @@ class AdaptiveEagerMode(TorchDispatchMode):
                     if real.shape != spec.shape or any(
                             n > 1 and a != b for n, a, b in zip(spec.shape, real.stride(), spec.stride)):
                         # Note [Layouts only the kernel knows] (meta.py): ask its kernel next time.
-                        self.memo.learn_layout(next((n.target for n in window.nodes
-                                                     if vid in n.outputs), None))
+                        op = next((n.target for n in window.nodes if vid in n.outputs), None)
+                        learned = learned or op not in KERNEL_LAYOUT_OPS
+                        self.memo.learn_layout(op)
+            if learned:
+                self._forget_traces()  # they hold what meta said
+            elif result is not None and result.recurred and sliced is None and not failed \
+                    and known is None and self.traces is not None:
+                # Note [Recurring windows are matched, not recorded]: from its second sighting
+                if at is not None:
+                    made = [nd.made for nd in at.path()]
+                if made is not None and result.key is not None:
+                    self.traces.add(window, made, sids, result.key, storage_groups(window))
             if sliced is not None:
                 rec.adopt(values, errors)
             if error is not None:
                 raise error
+
+    def _run(self, window: Any, known: Known | None) -> Any:
+        # Executors that know no traces take the window alone (the contract before keys).
+        return self.executor.run(window) if known is None else self.executor.run(window, known)
+
+    def _known(self, at: Any, window: Any, floats: list) -> Known | None:
+        """What the trace ending at ``at`` knows of ``window``: its key, if its storage
+        groups and live outputs are a recorded ending's (invariant 6)."""
+        if not at.ends:
+            return None
+        groups = storage_groups(window)
+        outputs = window.outputs
+        for end in at.ends:
+            if end.outputs == outputs and end.groups == groups:
+                if self.traces is not None and self.traces.verify:
+                    verify_key(window, groups, end.key, floats)
+                return Known(end.key, floats, groups)
+        return None
+
+    def _forget_traces(self) -> None:
+        """What traces recorded may no longer be what capture gives: forget them all (the
+        window being matched, if any, continues the slow way)."""
+        if self.traces is not None:
+            self.recorder.leave()
+            self.traces.clear()
 
     def _finish(self, window: Any, live: list, error: BaseException,
                 failed: dict) -> tuple[Any, Any, BaseException | None]:
@@ -498,7 +582,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
 
     def materialize(self, handle: LazyTensor, reason: str) -> torch.Tensor:
         """Owner protocol: flush so that ``handle`` is bound, and return its tensor."""
-        self.flush(reason, user_source(3), targets=(handle,))
+        self.flush(reason, targets=(handle,))
         real = handle._ae_real
         if real is None:
             if handle._ae_error is None:

@@ -5,6 +5,12 @@ encodes op arguments with ValueRefs, memoizes output metadata (MetaMemo) and han
 out LazyTensor handles. It never runs an op for real; the mode decides when to
 flush and asks the runtime to run the sealed Window.
 
+A window that opens like a recurring one is matched against its trace instead
+(:meth:`Recorder.replay`, Note [Recurring windows are matched, not recorded] in
+dispatch/trace.py): while matching, ``at`` is the trace node matched last, and the
+value tables (``specs``, ``_refs``, ``_sids``) are the trace's, restored by
+:meth:`Recorder.leave` before anything records the slow way.
+
 Example::
 
     >>> import torch
@@ -30,10 +36,13 @@ from ..fusion.ir import OpNode, TensorSpec, ValueRef, Window
 from ..fusion.slicing import needed_nodes
 from .exported import _EXPORTED, Exported, is_exported
 from .interrupts import critical
-from .lazy import LazyTensor, Owner
+from .lazy import LazyTensor, Owner, new_handle
 from .meta import MetaFailure, MetaMemo, MetaResult, Uncapturable, meta_execute
 from .optable import OpTraits, derive_traits
+from .source import user_source
+from .trace import MISS, Made, TNode, TraceBook
 from .validity import check as check_validity
+from ..fusion.ir import op_name
 from ..reasons import R
 
 _TensorBase = torch._C.TensorBase  # isinstance against the C base is fast
@@ -82,7 +91,8 @@ class OutputMismatch(Exception):
 class Recorder:
     """One open window. Not thread-safe by itself; the mode serializes access."""
 
-    def __init__(self, device: torch.device, memo: MetaMemo, owner: Owner | None):
+    def __init__(self, device: torch.device, memo: MetaMemo, owner: Owner | None,
+                 book: TraceBook | None = None):
         # Tensors on an indexed device report an index (neuron:0, cuda:0); handles must
         # too (autograd routes backward by device index).
         if device.type != "cpu" and device.index is None:
@@ -92,6 +102,8 @@ class Recorder:
         self.owner = owner
         # func -> _BY_VALUE | _FACTORY; bounded by the number of ATen overloads.
         self._op_flags: dict[Any, int] = {}
+        self.book = book  # the session's traces (None: every window records)
+        self.counters = memo.counters
         self._reset()
 
     def _reset(self) -> None:
@@ -108,6 +120,15 @@ class Recorder:
         # Values of this window computed by a slice that failed (Note [A failed flush
         # loses no work]): the rest of the window reads them, and must fail alike.
         self.failed: dict[int, BaseException] = {}
+        # Matching a trace (dispatch/trace.py): the node matched last (None: recording
+        # the slow way), the one expected next, value id -> handle (weakly) or input,
+        # the lifted floats so far. ``made``: per recorded node, what a trace is built
+        # from (None: this window cannot become one).
+        self.at: TNode | None = None
+        self.next: TNode | None = None
+        self.H: dict[int, Any] = {}
+        self.floats: list = []
+        self.made: list[Made] | None = []
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -193,12 +214,61 @@ class Recorder:
                 key.append(x)
 
     # -- recording ------------------------------------------------------------------
+    # -- matching a trace ------------------------------------------------------------
+    def replay(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Match ``func(*args, **kwargs)`` against the nodes that may come next (a trace's
+        first nodes, on an empty window): its result, or MISS (nothing changed)."""
+        at = self.at
+        if at is None:
+            if self.nodes or self.book is None:
+                return MISS
+            nodes = self.book.openers(func)
+            if not nodes:
+                return MISS
+        else:
+            nodes = at.children
+        for nd in nodes:
+            if nd.func is func:
+                out = nd.emit(self, args, kwargs)
+                if out is not MISS:
+                    if at is not None and at.first is not nd:
+                        at.first = nd  # what the mode tries first next time
+                    return out
+        return MISS
+
+    def matched(self) -> int:
+        """Nodes of the open window matched from a trace (0: not matching one)."""
+        return self.at.depth + 1 if self.at is not None else 0
+
+    def leave(self, why: str | None = None) -> None:
+        """Stop matching: the value tables become those the slow path would hold now, so
+        recording continues from here (invariant 2). ``why``: a divergence from every
+        trace, counted in ``trace_mismatches`` (the op, and the program's line)."""
+        at = self.at
+        if at is None:
+            return
+        self._count_matched()
+        tables = at.tables.upto(at.vid_end)
+        self._refs, self.specs, self._sids = tables.refs, tables.specs, tables.sids
+        self.made = [nd.made for nd in at.path()]
+        if why is not None:
+            self.counters.trace_mismatches[f"{why} at {user_source(3)}"] += 1
+
+    def _count_matched(self) -> None:
+        n = self.at.depth + 1
+        self.counters.fast_ops += n
+        self.counters.ops_captured += n
+        self.at = None
+        self.next = None
+
     def record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
         """Append ``func(*args, **kwargs)`` to the window; return handles (or mutated args).
 
         Raises MetaFailure when meta execution fails, OutputMismatch when an in-place or
         out= op would change metadata. Nothing is appended in either case.
         """
+        if self.at is not None:
+            self.leave(op_name(func))
         mark = len(self._refs)
         try:
             return self._record(func, traits, args, kwargs)
@@ -252,7 +322,12 @@ class Recorder:
             self.memo.put(key, mr)
         if default_dtype and mr.structure == "tensor":
             enc_kwargs["dtype"] = mr.specs[0].dtype  # replay must not read the default
-        return self._append(func, traits, args, kwargs, enc_args, enc_kwargs, mr)
+        out = self._append(func, traits, args, kwargs, enc_args, enc_kwargs, mr)
+        made = self.made
+        if made is not None:
+            made.append(Made(traits, mr.structure, key_list[-1], "dtype" in kwargs) if default_dtype
+                        else Made(traits, mr.structure))
+        return out
 
     def _check_devices(self, enc_args: tuple, enc_kwargs: dict) -> None:
         """Meta tensors hide device mismatches: find them as eager would (0-dim CPU
@@ -302,7 +377,7 @@ class Recorder:
                 base = enc_kwargs.get(alias) if isinstance(alias, str) else enc_args[alias]
                 if isinstance(base, ValueRef):
                     self.alias_root[vid] = self.alias_root.get(base.id, base.id)
-            handle = LazyTensor(spec, vid, self.owner)
+            handle = new_handle(spec, vid, self.owner)
             self.handles.append(weakref.ref(handle))
             outputs.append(vid)
             results.append(handle)
@@ -330,8 +405,12 @@ class Recorder:
             h = ref()
             if h is not None and h._ae_real is None and h._ae_error is None:
                 live.append(h)
+        specs = self.specs
+        if self.at is not None:  # matched to here: exactly the values defined so far
+            specs = self.at.exact_specs()
+            self._count_matched()
         window = Window(
-            inputs=self.inputs, nodes=tuple(self.nodes), specs=self.specs,
+            inputs=self.inputs, nodes=tuple(self.nodes), specs=specs,
             outputs=frozenset(h._ae_vid for h in live), alias_root=self.alias_root,
             reason=reason, source=source, opened_ns=self.opened_ns,
         )
@@ -346,11 +425,14 @@ class Recorder:
         The returned Window's outputs are the values that later nodes or live handles
         still use; once it has run, :meth:`adopt` turns them into inputs of the open window.
         """
-        if any(self.specs[v].shape for v in targets):
+        specs = self.specs if self.at is None else self.at.tables.specs
+        if any(specs[v].shape for v in targets):
             return None  # only scalar reads (step counters) slice; see Note [Partial flush]
         idx = needed_nodes(self.nodes, targets, self.alias_root.get)
         if idx is None or len(idx) == len(self.nodes) or len(idx) > _MAX_SLICE:
             return None
+        self.leave()
+        self.made = None  # what is left is no window the program recorded
         chosen = set(idx)
         sliced = [self.nodes[i] for i in idx]
         rest = [n for i, n in enumerate(self.nodes) if i not in chosen]
@@ -375,6 +457,8 @@ class Recorder:
               errors: Mapping[int, BaseException] = {}) -> None:  # noqa: B006 - read only
         """Values computed by a slice become real inputs of the open window; values it
         failed to compute are remembered as failed (``self.failed``)."""
+        self.leave()
+        self.made = None
         for vid, t in values.items():
             if vid not in self.inputs:
                 self.inputs[vid] = t

@@ -23,6 +23,8 @@ Example::
     >>> k2, f2 = window_key(win(0.2), {0: 0})
     >>> k1 == k2, f1, f2
     (True, [0.1], [0.2])
+    >>> hash(k1) == hash(k2)          # computed once, when the key was made
+    True
 """
 
 from __future__ import annotations
@@ -41,6 +43,40 @@ _F64 = struct.Struct("<d")
 # (targets, constants, structure), each input's shape, stride, storage offset, dtype and
 # device, which inputs alias each other, and which values are returned. Lifted scalars
 # contribute their slot and dtype only. Nothing else reaches the compiled code.
+
+
+# Note [Keys hash once]
+# A window key is a tuple of every node of the window (an AdamW window: 800 nodes), and a
+# tuple re-hashes all of it on every dict lookup: each cachetools lookup (the window log,
+# the region cache, each with its LRU order dict) re-hashed it, ~0.35 ms per lookup on that
+# window, with a Python-level OpOverload.__hash__ per node. Keys are therefore
+# :class:`Key` objects that hash their parts once, when made, and compare by identity first
+# (a recurring window's trace hands back the very key object it was planned with).
+class Key:
+    """A structural key (``parts``, a hashable tuple) whose hash is computed once."""
+
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts: Hashable):
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        return type(other) is Key and other._hash == self._hash and other.parts == self.parts
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __reduce__(self) -> tuple:
+        return (Key, (self.parts,))  # hashes differ between processes (str hashing)
+
+    def __repr__(self) -> str:
+        return f"Key({self._hash:#x})"
 
 
 def spec_key(spec: TensorSpec) -> tuple:
@@ -104,7 +140,7 @@ def _freeze_args(args: tuple) -> tuple:
     return tuple(out)
 
 
-def window_key(window: Window, groups: Mapping[int, int]) -> tuple[Hashable, list[float]]:
+def window_key(window: Window, groups: Mapping[int, int]) -> tuple[Key, list[float]]:
     """(structural key, lifted float values in node order) for ``window``.
 
     ``groups`` maps each real input to its storage group (``graph.storage_groups``).
@@ -132,11 +168,11 @@ def window_key(window: Window, groups: Mapping[int, int]) -> tuple[Hashable, lis
                 node.mutates))
     inputs = tuple((vid, spec_key(specs[vid]), groups.get(vid, vid)) for vid in window.inputs)
     key = (inputs, tuple(parts), tuple(window.alias_root.items()), tuple(sorted(window.outputs)))
-    return key, floats
+    return Key(key), floats
 
 
 def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
-               outputs: tuple[int, ...], root_of: Mapping[int, int]) -> Hashable:
+               outputs: tuple[int, ...], root_of: Mapping[int, int]) -> Key:
     """Structural key of one region (value ids renumbered; see the module docstring).
 
     ``root_of`` maps each input id to its storage root, so aliasing among the region's
@@ -175,7 +211,7 @@ def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
     in_specs = tuple(spec_key(specs[v]) for v in inputs)
     out_ids = tuple(local[v] for v in outputs)
     out_specs = tuple(spec_key(specs[v]) for v in outputs)
-    return (tuple(parts), in_specs, aliasing, out_ids, out_specs)
+    return Key((tuple(parts), in_specs, aliasing, out_ids, out_specs))
 
 
 # Note [Why a window missed the plan cache]
@@ -225,4 +261,4 @@ def _fmt(arg: tuple) -> str:
     return f"{arg[2].replace('torch.', '')}{list(arg[1])}" if len(arg) == 3 else "tensor"
 
 
-__all__ = ["spec_key", "window_key", "region_key", "outline", "miss_cause"]
+__all__ = ["Key", "spec_key", "window_key", "region_key", "outline", "miss_cause"]

@@ -80,6 +80,7 @@ class WindowHistory:
     novel: bool = False
     eager_ns: int | None = None
     capture_ns: int | None = None
+    key: Any = None  # the key object it is stored under (Note [Keys hash once])
 
     def pays(self, n_ops: int) -> bool:
         """Whether its eager run outweighs capturing it (Note [Windows that cannot pay for
@@ -122,7 +123,7 @@ class WindowLog:
     def entry(self, key: Hashable) -> WindowHistory:
         h = self._lru.get(key)
         if h is None:
-            h = self._lru[key] = WindowHistory()
+            h = self._lru[key] = WindowHistory(key=key)
         return h
 
     def reshaped(self, signature: Hashable) -> bool:

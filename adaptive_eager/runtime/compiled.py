@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from math import copysign
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping
 
 import cachetools
@@ -60,7 +60,8 @@ from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEnt
 from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact, outputs_match
 from .compiler import CompileService
 from .counters import Counters
-from .executor import FlushResult, Verdict, replay_guard, run_nodes
+from .executor import FlushResult, Known, Verdict, replay_guard, run_nodes
+from .replay import EagerReplay
 from ..reasons import COST_REASONS as _COST_REASONS
 from ..reasons import R
 
@@ -78,6 +79,8 @@ class Step:
     mutated: tuple[int, ...] = ()  # positions in region.inputs of the inputs it writes
     # (position in region.inputs, ((lo, hi, allowed), ...)): Region.index_checks by input
     index_checks: tuple[tuple[int, tuple[tuple[int, int, int | None], ...]], ...] = ()
+    # Its eager replay, generated at its second eager run (Note [Generated eager replay])
+    replay: EagerReplay | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -138,25 +141,31 @@ class CompiledExecutor:
         self._outlines: cachetools.LRUCache = cachetools.LRUCache(256)  # site -> outline (ae_recompiles)
 
     # -- the Executor contract ------------------------------------------------------
-    def run(self, window: Window) -> FlushResult:
+    def run(self, window: Window, known: Known | None = None) -> FlushResult:
         start = time.perf_counter_ns()  # Note [What the time breakdown measures] (reporting.py)
-        result, eager_ns = self._run(window)
+        result, eager_ns = self._run(window, known)
         self.counters.note_run(window.opened_ns, start, time.perf_counter_ns(), eager_ns)
         return result
 
-    def _run(self, window: Window) -> tuple[FlushResult, int | None]:
+    def _run(self, window: Window, known: Known | None) -> tuple[FlushResult, int | None]:
         """Run ``window``; also its measured eager time when compiled regions ran in it."""
-        groups = storage_groups(window)
-        key, floats = window_key(window, groups)
+        if known is None:
+            groups = storage_groups(window)
+            key, floats = window_key(window, groups)
+        else:  # a matched trace's (Note [Keys hash once], fusion/signature.py)
+            key, floats, groups = known.key, known.floats, known.groups
         history = self.windows.get(key)
+        recurred = history is not None
+        if recurred and history.key is not None:
+            key = history.key  # the object the log holds: lookups with it compare by identity
         n_ops = len(window.nodes)
         how = route(history, n_ops, self.options, self.demote)
         if how == UNPAYING:
-            return self._run_unpaying(window, history), None
+            return self._run_unpaying(window, history, key), None
         if how == NOVEL:
             if _MISS_LOG.isEnabledFor(logging.DEBUG):
                 self._log_miss(window)  # a new window, not the second sighting of one
-            return self._run_novel(window, self.windows.entry(key)), None
+            return self._run_novel(window, self.windows.entry(key), key, recurred), None
         if history is None:
             history = self.windows.entry(key)
         first = history.plan is None
@@ -181,7 +190,7 @@ class CompiledExecutor:
                 if region.fused:
                     worth |= self._run_fused(window, step, env, floats)
                 else:
-                    self._run_eager(window, region, env)
+                    self._run_eager(window, region, env, step, floats)
         t1 = time.perf_counter_ns()
         if first and history.eager_ns is None:  # unplanned, all eager: its time is eager's
             history.eager_ns = t1 - t0
@@ -190,7 +199,7 @@ class CompiledExecutor:
         ran_compiled = self.counters.compiled_calls > compiled_before
         verdict = judge(history, n_ops, worth, ran_compiled, compiling, t1, window.opened_ns,
                         self.options.async_compile)
-        return (FlushResult({vid: env[vid] for vid in window.outputs}, verdict),
+        return (FlushResult({vid: env[vid] for vid in window.outputs}, verdict, key, recurred),
                 history.eager_ns if ran_compiled else None)
 
     def close(self) -> None:
@@ -206,7 +215,8 @@ class CompiledExecutor:
         _MISS_LOG.debug("window plan miss (%d ops, flushed by %s at %s): %s", len(window.nodes),
                         window.reason, window.source, cause)
 
-    def _run_novel(self, window: Window, history: WindowHistory) -> FlushResult:
+    def _run_novel(self, window: Window, history: WindowHistory, key: Any,
+                   recurred: bool) -> FlushResult:
         """A first sighting: replayed eagerly and timed (Note [First sightings are not
         planned], runtime/adapt.py)."""
         values, capture_ns, eager_ns = self._replay_timed(window)
@@ -215,7 +225,8 @@ class CompiledExecutor:
         ops = tuple(node.target for node in window.nodes)  # the window without its shapes
         reshaped = self.windows.reshaped(ops)
         return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped,
-                                           eager_ns=eager_ns, capture_ns=capture_ns))
+                                           eager_ns=eager_ns, capture_ns=capture_ns),
+                           key, recurred)
 
     def _replay_timed(self, window: Window) -> tuple[dict[int, torch.Tensor], int | None, int]:
         """Run every node eagerly: (outputs, capture time or None, eager time), in ns."""
@@ -229,13 +240,14 @@ class CompiledExecutor:
         capture_ns = t0 - window.opened_ns if window.opened_ns else None
         return {vid: env[vid] for vid in window.outputs}, capture_ns, eager_ns
 
-    def _run_unpaying(self, window: Window, history: WindowHistory) -> FlushResult:
+    def _run_unpaying(self, window: Window, history: WindowHistory, key: Any) -> FlushResult:
         """A window whose capture cannot pay (Note [Windows that cannot pay for their
         capture are not compiled], runtime/adapt.py): replayed and timed again (the first
         sighting's capture ran metadata kernels cold), never planned."""
         values, capture_ns, ran_ns = self._replay_timed(window)
         history.timed(ran_ns, capture_ns if history.capture_ns is not None else None)
-        return FlushResult(values, Verdict(len(window.nodes), eager_ns=ran_ns, capture_ns=capture_ns))
+        return FlushResult(values, Verdict(len(window.nodes), eager_ns=ran_ns, capture_ns=capture_ns),
+                           key, True)
 
     # -- planning -------------------------------------------------------------------
     def _plan(self, window: Window, groups: Mapping[int, int]) -> Plan:
@@ -250,16 +262,20 @@ class CompiledExecutor:
             slots = tuple((index[i], scalar_dtype(lifted_dtype(window.nodes[i], window.specs)))
                           for i in region.nodes if i in index) if region.fused else ()
             mutated = tuple(j for j, v in enumerate(region.inputs) if v in region.mutated)
-            steps.append(Step(region, slots, mutated, _by_input(region)))
+            lifted = {i: (index[i], lift_rule(window.nodes[i], window.specs).where)
+                      for i in region.nodes if i in index}
+            steps.append(Step(region, slots, mutated, _by_input(region),
+                              EagerReplay(region.nodes, region.outputs, lifted)))
         return Plan(tuple(steps), any(r.fused for r in part.steps))
 
     # -- running --------------------------------------------------------------------
-    def _run_eager(self, window: Window, region: Region, env: dict) -> None:
+    def _run_eager(self, window: Window, region: Region, env: dict, step: Step | None = None,
+                   floats: list | None = None) -> None:
         t0 = time.perf_counter_ns()
         if _profiling():
             with torch.profiler.record_function("adaptive_eager.eager_replay"):
                 run_nodes(window, region.nodes, env)
-        else:
+        elif step is None or step.replay is None or not step.replay.run(window, env, floats):
             run_nodes(window, region.nodes, env)
         self.counters.eager_replay_ns += time.perf_counter_ns() - t0
         self.counters.ops_eager += len(region.nodes)
@@ -278,7 +294,7 @@ class CompiledExecutor:
             window.progress.done.extend(region.nodes)
             return True
         if entry.state == EAGER_ONLY:
-            self._run_eager(window, region, env)
+            self._run_eager(window, region, env, step, floats)
             return False
         self.counters.cache_misses += 1
         if entry.state == COMPILING:
@@ -292,7 +308,7 @@ class CompiledExecutor:
                     window.progress.done.extend(region.nodes)
                     return True
         t0 = time.perf_counter_ns()
-        self._run_eager(window, region, env)
+        self._run_eager(window, region, env, step, floats)
         if len(entry.eager_ns) < _TIMED_CALLS:
             entry.eager_ns.append(time.perf_counter_ns() - t0)
         return entry.state != EAGER_ONLY

@@ -113,6 +113,8 @@ class Counters:
     # first MAX_PHASES of them; phase_changes counts them all.
     phases: dict = field(default_factory=dict)
     phase_changes: int = 0
+    fast_ops: int = 0             # of ops_captured, those matched against a recurring window's trace
+    trace_mismatches: Counter = field(default_factory=Counter)  # "op at line" -> windows that diverged there
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def note_flush(self, reason: str, site: str | None) -> None:

@@ -4,7 +4,11 @@ The contract (:class:`Executor`): ``run`` takes a :class:`~adaptive_eager.fusion
 and returns a :class:`FlushResult`: ``values``, ``{value id: real tensor}`` for every id in
 ``window.outputs``, having applied every in-place update of the window's real inputs, and
 a :class:`Verdict`, the facts about the window that the pass-through policy weighs
-(``runtime.adapt``); an executor never steers the policy itself. ``close`` releases what
+(``runtime.adapt``); an executor never steers the policy itself. An executor that keys
+windows (the compiled one) also returns the window's key and whether it had seen it
+before, and accepts ``known``: the key and lifted floats of a window whose capture
+matched a recorded trace (dispatch/trace.py), so that it need not derive them again
+(Note [Keys hash once], fusion/signature.py). ``close`` releases what
 it holds (compile threads). While it runs, it keeps
 ``window.progress`` (its env from ``progress.start``, the nodes done), so that a run
 that fails part-way can be finished by ``runtime.recovery``. :class:`EagerExecutor`
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Protocol
+from typing import Any, Iterable, Iterator, Mapping, Protocol
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -113,17 +117,35 @@ class Verdict:
 
 @dataclass(frozen=True, slots=True)
 class FlushResult:
-    """``Executor.run``'s answer: the live values, and the verdict on the window."""
+    """``Executor.run``'s answer: the live values, and the verdict on the window.
+
+    ``key``: the window's key (a ``fusion.signature.Key``) when the executor keys windows,
+    else None; ``recurred``: that key had been seen before this run.
+    """
 
     values: Mapping[int, torch.Tensor]
     verdict: Verdict
+    key: Any = None
+    recurred: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """What a matched trace already knows about a window (``Executor.run``'s ``known``):
+    its key, its lifted floats in node order, and its inputs' storage groups."""
+
+    key: Any
+    floats: list
+    groups: Mapping[int, int]
 
 
 class Executor(Protocol):
     """Runs windows; see the module docstring for the contract."""
 
-    def run(self, window: Window) -> FlushResult:
-        """Run ``window``: its live values and the verdict on it."""
+    def run(self, window: Window, known: Known | None = None) -> FlushResult:
+        """Run ``window``: its live values and the verdict on it. ``known``: its key,
+        floats and storage groups, when a matched trace has them (executors that do not
+        key windows ignore it)."""
         ...
 
     def close(self) -> None:
@@ -139,7 +161,7 @@ class EagerExecutor:
     Windows are bounded (``window_size``); freeing at last use is not done yet.
     """
 
-    def run(self, window: Window) -> FlushResult:
+    def run(self, window: Window, known: Known | None = None) -> FlushResult:
         env = window.progress.start(window.inputs)
         with replay_guard():
             run_nodes(window, range(len(window.nodes)), env)
@@ -149,5 +171,5 @@ class EagerExecutor:
         pass
 
 
-__all__ = ["Executor", "EagerExecutor", "FlushResult", "Verdict", "replay_guard", "run_node",
+__all__ = ["Executor", "EagerExecutor", "FlushResult", "Known", "Verdict", "replay_guard", "run_node",
            "run_nodes"]
