@@ -28,6 +28,7 @@ from typing import Iterable
 from ._logging import log
 from ._env import OFF_WORDS, ON_WORDS
 from .reasons import ADVICE, ROUTINE_REASONS, SYNC_OPS, advice_for
+from .runtime.counters import parked_ops_estimate
 from .statistics import Stats
 
 # Source patterns for sites whose reason is unknown (e.g. counters from elsewhere).
@@ -67,7 +68,8 @@ def _wrap(text: str, indent: str, width: int = 96) -> list[str]:
     import textwrap
 
     return textwrap.wrap(text, width=width, initial_indent=indent,
-                         subsequent_indent=" " * len(indent)) or [indent]
+                         subsequent_indent=" " * len(indent), break_long_words=False,
+                         break_on_hyphens=False) or [indent]
 
 
 def problem_sites(stats: Stats) -> list[tuple[str, int, dict[str, int]]]:
@@ -230,11 +232,67 @@ def format_time(s: Stats) -> list[str]:
     return out
 
 
+def _when(steps: int, reads: int) -> str:
+    return f"after {_plural(steps, 'step')}, {_plural(reads, 'read')}"
+
+
+def ops_row(s: Stats) -> str:
+    """Every op of the run: captured, passed through, and (estimated) run while parked
+    (Note [Counting while passing through], runtime/counters.py)."""
+    text = f"{_fmt_num(s.ops_captured)}  (passed through: {_fmt_num(s.ops_passthrough)}"
+    parked, how = parked_ops_estimate(s)
+    if parked:
+        text += f"; while parked: ~{_fmt_num(parked)}, {how}"
+    elif s.reads_parked or s.optimizer_steps_parked:
+        text += f"; while parked: not estimated, {how}"
+    return text + ")"
+
+
+def format_phases(s: Stats, limit: int = 12) -> list[str]:
+    """What the runtime did over the run, phase by phase: captured, measuring, passed
+    through, parked, with the optimizer steps and reads seen when each began and why.
+
+    Example::
+
+        >>> s = Stats(reads=40, reads_parked=30, optimizer_steps=40, optimizer_steps_parked=30,
+        ...           phases={0: ("captured", 1, 0, 0, 0, "the warm-up ended"),
+        ...                   1: ("parked", 10, 10, 300, 0, "windows did not pay")},
+        ...           phase_changes=2)
+        >>> print("\\n".join(format_phases(s)))
+        What the runtime did (2 phase changes; 40 optimizer steps and 40 reads seen, 30 and 30 of them while parked)
+          after 1 step, 0 reads           captured        the warm-up ended
+          after 10 steps, 10 reads        parked          windows did not pay
+          at the end                      parked          (ops then ran straight through, uncounted)
+    """
+    out = [f"What the runtime did ({_plural(s.phase_changes, 'phase change')}; "
+           f"{_plural(s.optimizer_steps, 'optimizer step')} and {_plural(s.reads, 'read')} seen, "
+           f"{_fmt_num(s.optimizer_steps_parked)} and {_fmt_num(s.reads_parked)} of them while parked)"]
+    phases = [s.phases[k] for k in sorted(s.phases)]
+    if not phases:
+        out.append("  captured throughout" if s.ops_captured else "  no phase recorded")
+        return out
+    shown = phases if len(phases) <= limit else phases[:limit // 2] + phases[-(limit // 2):]
+    for i, (phase, steps, reads, *_rest, why) in enumerate(shown):
+        if len(phases) > limit and i == limit // 2:
+            out.append(f"  ... {_fmt_num(len(phases) - limit)} more changes ...")
+        out += _wrap(why, f"  {_when(steps, reads):<31} {phase:<15} ")
+    if s.phase_changes > len(phases):
+        out.append(f"  ... and {_fmt_num(s.phase_changes - len(phases))} later changes, not kept")
+    last = phases[-1][0]
+    tail = {"parked": "(ops then ran straight through, uncounted)",
+            "passed through": "(ops passed through, counted)",
+            "measuring": "(measuring what ops cost)",
+            "captured": "(capturing)"}.get(last, "")
+    if s.phase_changes == len(phases):
+        out.append(f"  {'at the end':<31} {last:<15} {tail}".rstrip())
+    return out
+
+
 def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
     """The whole report as text (see the module docstring)."""
     s = stats
     rows: list[tuple[str, str]] = [
-        ("ops captured", f"{_fmt_num(s.ops_captured)}  (passed through: {_fmt_num(s.ops_passthrough)})"),
+        ("ops captured", ops_row(s)),
         ("windows flushed", _fmt_num(s.windows or s.total_flushes)),
         ("ops fused / eager", f"{_fmt_num(s.ops_fused)} / {_fmt_num(s.ops_eager)}  "
                               f"({_pct(s.fused_share)} fused)"),
@@ -261,6 +319,7 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
         rows.insert(0, ("capture started", f"after eager warm-up, at {s.warmup_ended}"))
     out = [title, "=" * len(title)]
     out += [f"{k:<18} {v}" for k, v in rows]
+    out += ["", *format_phases(s)]
     out += ["", *format_time(s)]
     out += ["", f"Flushes by reason ({_fmt_num(s.total_flushes)} total)"]
     if s.flushes:

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from adaptive_eager.reporting import ADVICE, advice_for, format_report, problem_sites, write_report
+from adaptive_eager.reporting import ADVICE, advice_for, format_phases, format_report, problem_sites, write_report
+from adaptive_eager.runtime.counters import parked_ops_estimate
 from adaptive_eager.statistics import Stats
 
 SITE = __file__ + ":12 (train)"
@@ -547,3 +548,64 @@ def test_a_compile_in_flight_at_exit_is_reported_and_changed_no_value(tmp_path):
     data = json.loads(report.read_text())
     assert data["compiles_in_flight"] == 1 and data["compiled_calls"] == 0
     assert data["regions_compiled"] == 0 and data["compile_failures"] == 0
+
+
+# -- issue 14 item 1: the report counts the whole run and says what happened, phase by phase --
+class _CountOps(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _loop(steps: int) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+
+
+def _parked_report(steps: int):
+    ae.session.clear_sessions()  # a fresh policy: a session's decisions outlive its blocks
+    ae.reset_stats()
+    with ae.adaptive_eager(backend="eager", warmup=True):  # the default policy, warm-up on
+        _loop(steps)
+    return ae.stats(), ae.report()
+
+
+def test_report_after_5_and_40_steps_differs_and_counts_every_op():
+    with _CountOps() as counted:
+        _loop(40)
+    s5, r5 = _parked_report(5)
+    s40, r40 = _parked_report(40)
+    assert r5 != r40
+    # tiny ops: the runtime parks after measuring them, and keeps counting at safe points
+    assert s40.reads == 40 and s40.optimizer_steps == 40
+    assert s40.reads_parked >= 30 and s40.optimizer_steps_parked >= 30
+    assert "What the runtime did" in r40 and "parked" in r40 and "capture cannot pay" in r40
+    assert "after 40 steps" not in r40  # phases are where they changed, not the end
+    parked, how = parked_ops_estimate(s40)
+    assert parked is not None, r40
+    total = s40.ops_captured + s40.ops_passthrough + parked
+    # every op of the run is in the report: exact while on the stack, estimated while parked
+    assert 0.5 * counted.n <= total <= 2 * counted.n, (total, counted.n, how)
+    assert f"while parked: ~{parked:,}" in r40 and "estimated" in r40
+    assert "40 optimizer steps and 40 reads seen" in r40
+
+
+def test_phase_lines_keep_the_first_and_last_changes():
+    phases = {i: ("parked" if i % 2 else "captured", i, i, 0, 0, f"why {i}") for i in range(30)}
+    s = Stats(phases=phases, phase_changes=30)
+    lines = format_phases(s)
+    text = "\n".join(lines)
+    assert "why 0" in text and "why 29" in text and "why 15" not in text
+    assert "18 more changes" in text
+    assert lines[-1].split()[:3] == ["at", "the", "end"] and "parked" in lines[-1]

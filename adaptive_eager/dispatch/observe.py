@@ -125,9 +125,8 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
           kwargs: dict) -> Any:
     """A read in a thread with a runtime: flush what it needs, run it, then a safe point."""
     counters = mode.counters
-    counters.reads += 1
+    counters.safe_point_seen(True, mode._parked)  # Note [Counting while passing through]
     if mode._parked:
-        counters.reads_parked += 1
         if mode.policy.warming and called_by_user(2):
             # Note [The first iteration runs eagerly]: the program's read ends it
             # (torch's own, like an optimizer reading its step count, does not).

@@ -68,6 +68,7 @@ def park(mode: Any) -> None:
         return
     _pop_mode()
     mode._parked = True
+    mode.counters.mark_step = mode.counters.mark_read = -1  # no span runs through a park
     mode.policy.parked(time.perf_counter_ns())
     mode.counters.note_phase("parked", mode.policy.reason or "pass-through policy")
     if _PARK_LOG.isEnabledFor(logging.DEBUG):
@@ -215,7 +216,8 @@ class SafePoints:
         if not st:
             return
         mode = st[-1][0]
-        mode.counters.optimizer_steps += 1
+        # Note [Counting while passing through] (runtime/counters.py)
+        mode.counters.safe_point_seen(False, mode._parked)
         if mode.policy.warming:
             end_warmup(mode, "optimizer step", None)  # Note [The first iteration runs eagerly]
         elif not mode._parked and len(mode.recorder):

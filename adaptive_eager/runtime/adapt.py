@@ -225,8 +225,11 @@ PROBE_SHARE = 0.05
 # whether capture can pay is plain from the ops' own cost: fusing saves at most what
 # the ops take, and capturing one costs CAPTURE_NS_PER_OP or more. So where capture
 # would start (the warm-up's end, a probe) the policy first measures: the mode goes
-# back on the stack passing ops through (counted; ~8 µs each) until MEASURE_OPS ops or
-# MEASURE_MAX_NS have passed, and at the next safe point it compares the time per op
+# back on the stack passing ops through (counted; ~8 µs each) until MEASURE_OPS ops and
+# one whole span (an optimizer step's end to the next, or a read to the next: an
+# iteration, whose op count estimates what a parked mode runs, Note [Counting while
+# passing through] in runtime/counters.py) have passed, or MEASURE_MAX_NS of CPU time,
+# and at the next safe point it compares the time per op
 # (the ops, the program's Python between them, the pass-through) with
 # MEASURE_NS_PER_OP (the thread's CPU time, which other processes on a loaded machine do
 # not inflate, and which a device's busy-waits and launches are part of): below it
@@ -260,7 +263,8 @@ class DeferPolicy:
 
     def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
                  novel_patience: int = 48, in_flight: Callable[[], int] | None = None,
-                 warmup: bool = False, passed_ops: Callable[[], int] | None = None):
+                 warmup: bool = False, passed_ops: Callable[[], int] | None = None,
+                 spans: Callable[[], int] | None = None):
         self.enabled = enabled
         # Note [The first iteration runs eagerly]
         # Capturing a window the first time costs its ops' Python capture (15-90 µs each)
@@ -294,6 +298,11 @@ class DeferPolicy:
         # Note [Measure before capturing]: how many ops passed through so far (None: no
         # measuring, capture starts at once), and where the measure started.
         self._passed_ops = passed_ops
+        # ... and how many whole spans (step to step, read to read) ran on the stack
+        # (Counters.safe_point_seen): a measure covers one, so that the ops a parked
+        # mode runs can be estimated (Note [Counting while passing through]).
+        self._spans = spans
+        self._measure_spans = 0
         self.measuring = False
         self._measure_ns = 0
         self._measure_ops = 0
@@ -306,7 +315,8 @@ class DeferPolicy:
         ``counters``)."""
         return cls(options.adaptive_passthrough, warmup=options.warmup,
                    in_flight=lambda: counters.compiles_in_flight,
-                   passed_ops=lambda: counters.ops_passthrough)
+                   passed_ops=lambda: counters.ops_passthrough,
+                   spans=lambda: counters.span_steps + counters.span_reads)
 
     @classmethod
     def never(cls) -> "DeferPolicy":
@@ -334,6 +344,7 @@ class DeferPolicy:
         self._why = f"{why}: measuring what ops cost"
         self._measure_ns = time.thread_time_ns()
         self._measure_ops = self._passed_ops()
+        self._measure_spans = self._spans() if self._spans is not None else 0
 
     def on_stack(self, weight: int = 1) -> bool:
         """At a safe point: whether the mode should be on the dispatch-mode stack now
@@ -343,7 +354,8 @@ class DeferPolicy:
             return self.should_defer(weight) or self.measuring  # a probe measures first
         ops = self._passed_ops() - self._measure_ops  # type: ignore[misc]
         elapsed = time.thread_time_ns() - self._measure_ns
-        if ops < MEASURE_OPS and elapsed < MEASURE_MAX_NS:
+        if elapsed < MEASURE_MAX_NS and (ops < MEASURE_OPS or (
+                self._spans is not None and self._spans() == self._measure_spans)):
             return True
         self.measuring = False
         per_op = elapsed / max(ops, 1)

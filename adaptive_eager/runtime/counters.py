@@ -30,35 +30,45 @@ MAX_PHASES = 64
 # Note [Counting while passing through]
 # Ops the mode captures, or passes through while on the stack, are counted exactly. A
 # parked mode is off every mode stack (Note [Parking the mode]), so its ops run with no
-# Python between them and cannot be counted without a per-op cost; what it does see are
-# its safe points: every Python-level read of a tensor (the read wrappers of observe.py)
-# and every optimizer step, counted exactly in every phase (reads_parked,
-# optimizer_steps_parked). The ops run while parked are estimated from those
-# (parked_ops_estimate): the safe points seen while parked times the ops per safe point
-# measured while the mode was on the stack, and the report says so. Windows and sync
-# sites exist only while capturing, so their counts are exact.
+# Python between them and cannot be counted without a per-op cost (a Python round trip
+# per op is the very cost parking removes); what it does see are its safe points: every
+# Python-level read of a tensor (the read wrappers of observe.py) and every optimizer
+# step, counted exactly in every phase (reads_parked, optimizer_steps_parked). The ops
+# run while parked are estimated from those (parked_ops_estimate) and the report says
+# so: optimizer steps parked times the ops of one step-to-step span measured while on the
+# stack (span_step_ops / span_steps: only spans with the mode on the stack from one
+# step's end to the next, so a span is a whole iteration, not the few ops between a
+# step and the read after it), else reads parked times the ops of a read-to-read span.
+# A run that parked before any span was measured says it has no estimate. Windows and
+# sync sites exist only while capturing, so their counts are exact.
 def parked_ops_estimate(c: "Counters") -> tuple[int | None, str]:
     """(estimated ops run while parked, how it was estimated) from counters or a Stats;
     ``(None, why)`` when there is nothing to estimate from.
 
     Example::
 
-        >>> c = Counters(ops_captured=400, reads=14, reads_parked=10)
+        >>> c = Counters(ops_captured=400, optimizer_steps=14, optimizer_steps_parked=10,
+        ...              span_steps=3, span_step_ops=300)
         >>> parked_ops_estimate(c)[0]
         1000
     """
-    ticks_parked = c.reads_parked + c.optimizer_steps_parked
-    if ticks_parked == 0:
+    steps, reads = c.optimizer_steps_parked, c.reads_parked
+    if steps == 0 and reads == 0:
         return 0, "no safe point was passed while parked"
-    ticks_on = (c.reads - c.reads_parked) + (c.optimizer_steps - c.optimizer_steps_parked)
-    ops_on = c.ops_captured + c.ops_passthrough
-    if ticks_on == 0 or ops_on == 0:
-        return None, (f"{ticks_parked} reads and optimizer steps while parked; no ops per "
-                      "read or step measured to estimate from")
-    per = ops_on / ticks_on
-    return round(ticks_parked * per), (
-        f"estimated: {c.reads_parked} reads and {c.optimizer_steps_parked} optimizer steps while "
-        f"parked x {per:.0f} ops per read or step, measured while capturing")
+    if steps and c.span_steps:
+        per = c.span_step_ops / c.span_steps
+        return round(steps * per), (f"estimated: {_fmt(steps)} optimizer steps while parked x "
+                                    f"{per:,.0f} ops per step, measured on the stack")
+    if reads and c.span_reads:
+        per = c.span_read_ops / c.span_reads
+        return round(reads * per), (f"estimated: {_fmt(reads)} reads while parked x {per:,.0f} "
+                                    "ops between reads, measured on the stack")
+    return None, (f"{_fmt(steps)} optimizer steps and {_fmt(reads)} reads while parked; no "
+                  "whole step or read-to-read span ran on the stack to estimate from")
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,}"
 
 
 @dataclass
@@ -113,6 +123,15 @@ class Counters:
     # first MAX_PHASES of them; phase_changes counts them all.
     phases: dict = field(default_factory=dict)
     phase_changes: int = 0
+    # Spans measured on the stack, for parked_ops_estimate: ops from one optimizer step's
+    # end (or read) to the next, how many such spans; marks: the op count at the last one
+    # (-1: none since the mode last parked).
+    span_step_ops: int = 0
+    span_steps: int = 0
+    span_read_ops: int = 0
+    span_reads: int = 0
+    mark_step: int = -1
+    mark_read: int = -1
     fast_ops: int = 0             # of ops_captured, those matched against a recurring window's trace
     trace_mismatches: Counter = field(default_factory=Counter)  # "op at line" -> windows that diverged there
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -156,6 +175,32 @@ class Counters:
         if n < MAX_PHASES:
             self.phases[n] = (phase, self.optimizer_steps, self.reads, self.ops_captured,
                               self.ops_passthrough, why)
+
+    def safe_point_seen(self, read: bool, parked: bool) -> None:
+        """A read (``read``) or an optimizer step's end was seen (Note [Counting while
+        passing through]); ``parked``: the mode was off the stack."""
+        if read:
+            self.reads += 1
+        else:
+            self.optimizer_steps += 1
+        if parked:
+            if read:
+                self.reads_parked += 1
+            else:
+                self.optimizer_steps_parked += 1
+            self.mark_step = self.mark_read = -1
+            return
+        now = self.ops_captured + self.ops_passthrough
+        if read:
+            if self.mark_read >= 0:
+                self.span_read_ops += now - self.mark_read
+                self.span_reads += 1
+            self.mark_read = now
+        else:
+            if self.mark_step >= 0:
+                self.span_step_ops += now - self.mark_step
+                self.span_steps += 1
+            self.mark_step = now
 
     def reset(self) -> None:
         fresh = Counters()
