@@ -37,7 +37,7 @@ def test_first_iteration_is_eager_and_a_read_starts_capture(monkeypatch):
         second = (x * 2 + 1).sin()           # measured: on the stack, passed through
         second_type, parked_second = type(second), mode._parked
         again = second.sum().item()
-        third = (x * 2 + 1).sin()            # still measured: one read-to-read span
+        third = (x * 2 + 1).sin()            # captured (the measure spanned one read to the next)
         third_type = type(third)
         last = third.sum().item()
         fourth = (x * 2 + 1).sin()           # captured
@@ -47,7 +47,7 @@ def test_first_iteration_is_eager_and_a_read_starts_capture(monkeypatch):
     assert first_type is torch.Tensor and parked_first and before.ops_captured == 0
     assert not before.warmup_ended
     assert second_type is torch.Tensor and not parked_second
-    assert third_type is torch.Tensor and fourth_type is LazyTensor and after.ops_captured > 0
+    assert third_type is LazyTensor and fourth_type is LazyTensor and after.ops_captured > 0
     assert after.warmup_ended.startswith("observe:item at ")
     assert "test_warmup.py" in after.warmup_ended
     assert value == again == last == pytest.approx(float((x * 2 + 1).sin().sum()))

@@ -144,7 +144,7 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
                     out = func(*args, **kwargs)
             else:
                 out = func(*args, **kwargs)
-            safe_point(mode, READ_WEIGHT)
+            safe_point(mode, READ_WEIGHT, True)
             return out
     if kind == "scalar":
         reason = _READ_REASONS.get(name)
@@ -175,7 +175,7 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
         else:
             with suspended():
                 out = func(*args, **kwargs)
-    safe_point(mode, READ_WEIGHT)  # between torch calls: park or unpark (parking.py)
+    safe_point(mode, READ_WEIGHT, True)  # between torch calls: park or unpark (parking.py)
     return out
 
 

@@ -107,13 +107,17 @@ def policy_stopped() -> None:
             SAFE_POINTS.wants_modules(mode, True)
 
 
-def safe_point(mode: Any, weight: int) -> None:
+def safe_point(mode: Any, weight: int, read: bool | None = None) -> None:
     """Between torch calls (outside any op): park ``mode`` if the policy stopped deferring
     and nothing is pending, or bring it back if the policy probes (``weight``: how many
-    torch calls this point stands for)."""
+    torch calls this point stands for; ``read``: this point is a read (True) or an
+    optimizer step's end (False), where an on-stack span starts, Note [Counting while
+    passing through])."""
     if mode._parked:
         if mode.policy.on_stack(weight):
             unpark(mode)
+            if read is not None:
+                mode.counters.start_span(read)
     elif not mode.recorder.nodes:
         policy = mode.policy
         measuring = policy.measuring
@@ -228,7 +232,7 @@ class SafePoints:
             # nothing compiles. Ending the window at the end of each optimizer step
             # anchors windows to iterations: the same ops each step, so they recur.
             mode.flush(R.OPTIMIZER_STEP, user_source(2))
-        safe_point(mode, SAFE_POINT_WEIGHT)
+        safe_point(mode, SAFE_POINT_WEIGHT, False)
 
     # -- module calls ---------------------------------------------------------------------
     # Note [Deep parking at module calls]

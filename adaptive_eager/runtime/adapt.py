@@ -226,9 +226,10 @@ PROBE_SHARE = 0.05
 # the ops take, and capturing one costs CAPTURE_NS_PER_OP or more. So where capture
 # would start (the warm-up's end, a probe) the policy first measures: the mode goes
 # back on the stack passing ops through (counted; ~8 µs each) until MEASURE_OPS ops and
-# one whole span (an optimizer step's end to the next, or a read to the next: an
-# iteration, whose op count estimates what a parked mode runs, Note [Counting while
-# passing through] in runtime/counters.py) have passed, or MEASURE_MAX_NS of CPU time,
+# one whole span (an optimizer step's end to the next in a program that steps an
+# optimizer, else a read to the next: an iteration, whose op count estimates what a
+# parked mode runs, Note [Counting while passing through] in runtime/counters.py) have
+# passed, or MEASURE_MAX_NS of CPU time (an LBFGS step is ~20,000 ops),
 # and at the next safe point it compares the time per op
 # (the ops, the program's Python between them, the pass-through) with
 # MEASURE_NS_PER_OP (the thread's CPU time, which other processes on a loaded machine do
@@ -241,7 +242,7 @@ PROBE_SHARE = 0.05
 # tiny 17 µs, word_language_model LSTM 29 µs; the GPT benchmark step (d=256) 600 µs, the
 # pointwise block 3 ms, the emulated neuron MLP (20 µs launches) 87 µs.
 MEASURE_OPS = 32
-MEASURE_MAX_NS = 50_000_000
+MEASURE_MAX_NS = 20_000_000
 MEASURE_NS_PER_OP = 3 * CAPTURE_NS_PER_OP
 
 # Why deferral stops or restarts (the report's phases; DeferPolicy.reason / why_deferring).
@@ -316,7 +317,8 @@ class DeferPolicy:
         return cls(options.adaptive_passthrough, warmup=options.warmup,
                    in_flight=lambda: counters.compiles_in_flight,
                    passed_ops=lambda: counters.ops_passthrough,
-                   spans=lambda: counters.span_steps + counters.span_reads)
+                   spans=lambda: (counters.span_steps if counters.optimizer_steps
+                                  else counters.span_reads))
 
     @classmethod
     def never(cls) -> "DeferPolicy":
