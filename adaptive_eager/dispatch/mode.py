@@ -43,12 +43,13 @@ from .flush import Flushing
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, unwrap_all
 from .lazy import has_unbound as _has_unbound
+from .match import MISS
 from .meta import MetaFailure, MetaMemo
 from .optable import Kind, OpTable, OpTraits, raise_if_out_of_range
 from .recorder import OutputMismatch, Recorder
 from .release import BoundHandles
 from .source import user_source
-from .trace import MISS, TraceBook
+from .trace import TraceBook
 
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _get_infra_mode = torch._C._get_dispatch_mode
