@@ -35,7 +35,7 @@ of the default dtype also forgets memoized metadata, and factories are recorded 
 their dtype explicit and keyed by the default dtype (dispatch/recorder.py), so a
 change the wrappers cannot see (``torch._C`` directly, a setter imported by name
 before the first block) still gives factories the right dtype; for other ops the
-flush finds the dtype it did not promise and says so (mode.py, ``_disagrees``).
+flush finds the dtype it did not promise and says so (flush.py, ``_disagrees``).
 
 Example::
 

@@ -110,7 +110,7 @@ def to_meta_args(obj: Any, specs: Mapping[int, TensorSpec], cache: dict[int, tor
 # the inputs' layouts (on their devices; the memo makes it once per shape): the strides
 # the real kernel will produce. The set starts with the convolutions, and it learns:
 # when a flush finds a handle whose real strides or shape differ from its spec (Note
-# [Meta disagrees with the kernel] in mode.py), its op joins the set and the memo
+# [Meta disagrees with the kernel] in flush.py), its op joins the set and the memo
 # forgets that op's entries, so from the next capture on its handles are right before
 # the flush too. A stand-in run that raises (a kernel rejecting zeros) keeps meta's
 # answer. Measured (torch 2.13, CPU; meta vs kernel over OpInfo's first samples and

@@ -2,7 +2,9 @@
 
 ``__torch_dispatch__`` is a short router: it classifies the op (OpTable) and
 calls one named handler. The mode owns the state (the open window, counters,
-executor); LazyTensor handles are thin and point back to it.
+executor); LazyTensor handles are thin and point back to it. Closing a window (the
+flush, binding its handles) is the mode's other half, ``Flushing`` (flush.py), and
+turning bound handles into plain tensors is ``BoundHandles``'s (release.py).
 
 Companion: :class:`~adaptive_eager.dispatch.observe.Observer`, which sees Python-level
 reads of plain tensors through wrapped methods (Note [Observation on CPU]).
@@ -26,38 +28,33 @@ import dataclasses
 import functools
 import logging
 import threading
-import weakref
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .._logging import artifact_logger, warn_once
 from ..config import Options
 from ..fusion.policy import fixed_shape_call, without_dropout
-from ..reasons import ROUTINE_REASONS, STRICT_FALLBACKS, SYNC_OPS, R, StrictModeError
-from ..fusion.graph import storage_groups
+from ..reasons import STRICT_FALLBACKS, SYNC_OPS, R, StrictModeError
 from ..runtime import Counters, DeferPolicy, Executor
-from ..runtime.executor import Known
-from ..runtime.recovery import finish
 from .dynamo import dynamo_aware
 from .exported import Exported
-from .interrupts import critical
+from .flush import Flushing
 from .lazy import _TLS as _LAZY_TLS
-from .lazy import LazyTensor, bind, hold_memory, unwrap_all
+from .lazy import LazyTensor, unwrap_all
 from .lazy import has_unbound as _has_unbound
-from .meta import KERNEL_LAYOUT_OPS, MetaFailure, MetaMemo
+from .match import MISS
+from .meta import MetaFailure, MetaMemo
 from .optable import Kind, OpTable, OpTraits, raise_if_out_of_range
 from .recorder import OutputMismatch, Recorder
-from .release import release
+from .release import BoundHandles
 from .source import user_source
-from .trace import MISS, TraceBook, verify_key
+from .trace import TraceBook
 
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _get_infra_mode = torch._C._get_dispatch_mode
 
 log = logging.getLogger("adaptive_eager")
-_FLUSH_LOG = artifact_logger("ae_flushes")
 aten = torch.ops.aten
 _PLAIN_DISPATCH = torch._C._disabled_torch_dispatch_impl
 _RUN_NOW_VIEWS = {aten.lift_fresh.default}
@@ -85,7 +82,7 @@ def _device_of(args: tuple, kwargs: dict) -> torch.device | None:
 
 
 @dynamo_aware  # Note [Dynamo's wrapper only while Dynamo runs] (dynamo.py)
-class AdaptiveEagerMode(TorchDispatchMode):
+class AdaptiveEagerMode(Flushing, TorchDispatchMode):
     """Defers ops on ``options.device`` into windows; flushes at observation points.
 
     One instance serves one runtime session; its state is guarded by a lock so a
@@ -112,8 +109,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self.read_reason: str | None = None
         self._strict = options.strict
         self._dynamo_seen = False  # Note [torch.compile inside the block] (dynamo.py)
-        self._bound: list[weakref.ref] = []  # Note [Releasing bound handles]
-        self._bound_prune_at = 1024
+        self.bound = BoundHandles(counters)  # Note [Releasing bound handles] (release.py)
         self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size, counters)
         self.lock = threading.RLock()
         # The session's traces of recurring windows (dispatch/trace.py); a mode made on its
@@ -187,45 +183,10 @@ class AdaptiveEagerMode(TorchDispatchMode):
         with self.lock:
             return self._handlers[traits.kind](func, traits, args, kwargs)
 
-    # Note [Releasing bound handles]
-    # State a program creates while ops are deferred (optimizer moments, momentum
-    # buffers, caches) is made of handles, and stays so after its window has run: every
-    # later op on it pays the handle's Python __torch_dispatch__ (~10 µs), which is what
-    # a pass-through phase exists to avoid (measured: a tiny-MLP SGD step at 2.5x eager
-    # once parked, from its momentum buffers alone). So when the mode parks or its
-    # context exits, each bound handle that nothing but the program references becomes
-    # the plain tensor it stands for, in place: torch.utils.swap_tensors swaps the
-    # Python objects' class, __dict__ and TensorImpl, keeping the program's object
-    # identity. Handles with autograd history (requires_grad, saved for backward, held
-    # by C++ such as ``.grad``) or any other reference (use counts above one, weakrefs)
-    # stay handles: they keep working, only at the handle's cost.
-    def _remember_bound(self, live: list) -> None:
-        bound = self._bound
-        for h in live:
-            bound.append(weakref.ref(h))  # those that stay handles get memory (lazy.py)
-        if len(bound) > self._bound_prune_at:
-            self._bound = [r for r in bound if r() is not None]
-            self._bound_prune_at = max(1024, 2 * len(self._bound))
-
     def release_handles(self) -> int:
-        """Turn bound, unshared handles into plain tensors (Note [Releasing bound handles]).
-
-        Returns how many were released. Nothing may be pending for them to be bound, so
-        only the handles of flushed windows are considered.
-        """
-        refs, self._bound = self._bound, []
-        released = 0
-        while refs:
-            h = refs.pop()()
-            if h is None or type(h) is not LazyTensor or h._ae_real is None:
-                continue
-            if release(h):
-                released += 1
-            else:
-                hold_memory(h)  # Note [Bound handles hold their memory] (lazy.py)
-            del h
-        self.counters.handles_released += released
-        return released
+        """Turn bound, unshared handles into plain tensors; returns how many were released
+        (:meth:`BoundHandles.release <adaptive_eager.dispatch.release.BoundHandles.release>`)."""
+        return self.bound.release()
 
     def _untouched_scalars(self, args: tuple) -> bool:
         seen = False
@@ -291,16 +252,6 @@ class AdaptiveEagerMode(TorchDispatchMode):
             if bad:  # its first window ran already: raise where it is issued again
                 raise StrictModeError.at("fallback", bad[0], source, func.name())
 
-    def _want_sources(self) -> None:
-        wanted = self.counters.sources_wanted
-        while wanted:
-            try:
-                func, _ = wanted.popitem()
-            except KeyError:  # another thread's mode took the last one
-                break
-            if hasattr(func, "_schema"):
-                self.table.want_source(func)
-                self._forget_traces()  # their nodes of func would not note it
 
     def _on_view(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
         # Note [Views of real tensors are recorded]
@@ -433,166 +384,6 @@ class AdaptiveEagerMode(TorchDispatchMode):
         args, kwargs = unwrap_all(args, kwargs, R.SYNC)
         return func(*args, **kwargs)
 
-    # -- flushing -------------------------------------------------------------------
-    def flush(self, reason: str, source: str | None = None, targets: Any = None) -> None:
-        """Run the open window and bind its live handles. No-op when empty.
-
-        ``targets``: tensors the caller is about to read (and not write). When they
-        are scalars needing a few nodes, only those run (Note [Partial flush]); plain
-        tensors that no pending op touches need nothing. Handles always flush the
-        whole window, so windows start where the program syncs.
-        """
-        # Torch functions off: a flush's own tensor calls (reading requires_grad, the
-        # profiler range, a read) must not reach the read wrappers (observe.py), which,
-        # the window being sealed, would see nothing pending and park the mode mid-flush.
-        with self.lock, torch._C.DisableTorchFunction(), critical():
-            rec = self.recorder
-            if len(rec) == 0:
-                return
-            vids = None
-            if targets is not None:
-                vids = [v for v in (rec.vid_of(t) for t in targets) if v is not None]
-                if not vids and not any(type(t) is LazyTensor for t in targets):
-                    return  # plain tensors no pending op touches: their values are current
-            if source is None:
-                source = user_source(2)
-            if self._strict and reason not in ROUTINE_REASONS:
-                raise StrictModeError.at("sync", reason, source)  # nothing run: like eager's line
-            at = rec.at  # the trace node the window was matched to (trace.py), if any
-            if at is not None and not at.ends:
-                # Flushed where no recorded window ended: a divergence (it recurs? it
-                # becomes an ending of its own).
-                self.counters.trace_mismatches[f"flush ({reason}) at {source}"] += 1
-            sliced = None
-            if vids:
-                targets_key = tuple(vids)
-                if at is None or targets_key not in at.no_slice:
-                    sliced = rec.take_slice(vids, reason, source)
-                    if sliced is not None:
-                        at = None
-                    elif at is not None:
-                        at.no_slice.add(targets_key)  # the same window: the same answer
-            failed = rec.failed  # values of earlier slices that failed (Note [A failed flush loses no work])
-            made, sids, floats = rec.made, rec._sids, rec.floats
-            if sliced is not None:
-                window, live = sliced
-            else:
-                window, live = rec.seal(reason, source)
-            known = self._known(at, window, floats) if at is not None else None
-            error = None
-            try:
-                self.counters.note_flush(reason, source)
-                self.counters.windows += 1
-                _FLUSH_LOG.debug("flush %s: %d ops at %s%s", reason, len(window), source,
-                                 " (partial)" if sliced is not None else "")
-                if failed:
-                    raise _EarlierFailure
-                if torch.autograd.profiler._is_profiler_enabled:
-                    # The range's own ops only while profiling: they reach this mode.
-                    with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
-                        result = self._run(window, known)
-                else:
-                    result = self._run(window, known)
-                values = result.values
-                self.policy.note(result.verdict)  # the session's policy decides (runtime.adapt)
-                errors: Any = _NO_ERRORS
-            except BaseException as e:  # noqa: BLE001 - Note [A failed flush loses no work]
-                values, errors, error = self._finish(window, live, e, failed)
-                result = None
-            self.counters.ops_executed += len(window)
-            if self.counters.sources_wanted:
-                self._want_sources()
-            if sliced is None:
-                self._remember_bound(live)
-            learned = False
-            for h in live:
-                vid = h._ae_vid
-                real = values.get(vid)
-                if real is None:
-                    h._ae_error = errors.get(vid, error) or _lost(vid)
-                    continue
-                bind(h, real)  # Note [Bound handles hold their memory] (lazy.py)
-                spec = h._ae_spec
-                if real.stride() != spec.stride or real.shape != spec.shape or real.dtype != spec.dtype:
-                    _disagrees(h, real)
-                    if real.shape != spec.shape or any(
-                            n > 1 and a != b for n, a, b in zip(spec.shape, real.stride(), spec.stride)):
-                        # Note [Layouts only the kernel knows] (meta.py): ask its kernel next time.
-                        op = next((n.target for n in window.nodes if vid in n.outputs), None)
-                        learned = learned or op not in KERNEL_LAYOUT_OPS
-                        self.memo.learn_layout(op)
-            if learned:
-                self._forget_traces()  # they hold what meta said
-            elif result is not None and result.recurred and sliced is None and not failed \
-                    and known is None and self.traces is not None:
-                # Note [Recurring windows are matched, not recorded]: from its second sighting
-                if at is not None:
-                    made = [nd.made for nd in at.path()]
-                if made is not None and result.key is not None:
-                    self.traces.add(window, made, sids, result.key, storage_groups(window))
-            if sliced is not None:
-                rec.adopt(values, errors)
-            if error is not None:
-                raise error
-
-    def _run(self, window: Any, known: Known | None) -> Any:
-        # Executors that know no traces take the window alone (the contract before keys).
-        return self.executor.run(window) if known is None else self.executor.run(window, known)
-
-    def _known(self, at: Any, window: Any, floats: list) -> Known | None:
-        """What the trace ending at ``at`` knows of ``window``: its key, if its storage
-        groups and live outputs are a recorded ending's (invariant 6)."""
-        if not at.ends:
-            return None
-        groups = storage_groups(window)
-        outputs = window.outputs
-        for end in at.ends:
-            if end.outputs == outputs and end.groups == groups:
-                if self.traces is not None and self.traces.verify:
-                    verify_key(window, groups, end.key, floats)
-                return Known(end.key, floats, groups)
-        return None
-
-    def _forget_traces(self) -> None:
-        """What traces recorded may no longer be what capture gives: forget them all (the
-        window being matched, if any, continues the slow way)."""
-        if self.traces is not None:
-            self.recorder.leave()
-            self.traces.clear()
-
-    def _finish(self, window: Any, live: list, error: BaseException,
-                failed: dict) -> tuple[Any, Any, BaseException | None]:
-        """Running ``window`` raised ``error``: finish it eagerly (runtime.recovery).
-
-        Returns the values computed, the values that failed and the error to raise.
-        """
-        cause = None if isinstance(error, _EarlierFailure) else error
-        try:
-            done = finish(window, cause, failed)
-        except BaseException as again:  # interrupted again while finishing: nothing more runs
-            for h in live:
-                if h._ae_real is None and h._ae_error is None:
-                    h._ae_error = again
-            raise
-        if done.error is None and cause is not None:
-            warn_once(f"flush-failed:{type(cause).__name__}",
-                      "adaptive_eager: running a window failed (%s: %s); it ran eagerly instead",
-                      type(cause).__name__, cause)
-        return done.values, done.errors, done.error
-
-    def materialize(self, handle: LazyTensor, reason: str) -> torch.Tensor:
-        """Owner protocol: flush so that ``handle`` is bound, and return its tensor."""
-        self.flush(reason, targets=(handle,))
-        real = handle._ae_real
-        if real is None:
-            if handle._ae_error is None:
-                # Not bound by the flush and no error: its window is gone (a bug, or a
-                # handle of another mode's window). Say so rather than ask again forever.
-                handle._ae_error = RuntimeError(
-                    "adaptive_eager: this tensor's window was flushed without it (internal error)")
-            return handle._ae_materialize(reason)  # raises with the recorded error
-        return real
-
 
 @functools.lru_cache(maxsize=None)
 def _as_record(traits: OpTraits) -> OpTraits:
@@ -618,37 +409,6 @@ def _to_meta(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _to_meta(v) for k, v in obj.items()}
     return obj
-
-
-_NO_ERRORS: dict = {}
-
-
-class _EarlierFailure(Exception):
-    """The window reads values of an earlier window that could not be computed."""
-
-
-def _lost(vid: int) -> BaseException:
-    return RuntimeError(f"adaptive_eager internal error: value %{vid} of a flushed window was "
-                        "neither computed nor failed")
-
-
-def _disagrees(h: LazyTensor, real: torch.Tensor) -> None:
-    # Note [Meta disagrees with the kernel]: a few meta kernels promise other strides
-    # (linalg.eig, fft.rfftn, svd_lowrank) or shapes (native_batch_norm's saved stats in
-    # eval) than the CPU kernel returns; the handle shows the real tensor's. A dtype
-    # cannot be changed in place, and the program may have read the promised one: the
-    # handle fails with an error that says so, rather than hold another dtype's values.
-    if real.dtype != h._ae_spec.dtype:
-        h._ae_real = None
-        h._ae_error = RuntimeError(
-            f"adaptive_eager: the kernel returned {real.dtype} where capture promised "
-            f"{h._ae_spec.dtype} (a global setting changed through a path the runtime does "
-            "not see? Note [Global state that kernels read])")
-        log.warning("adaptive_eager: %s", h._ae_error)
-        return
-    from .lazy import restride  # noqa: PLC0415 - rare path
-
-    restride(h)
 
 
 def _tensors(args: tuple, kwargs: dict) -> list:

@@ -74,7 +74,7 @@ def park(mode: Any) -> None:
     if _PARK_LOG.isEnabledFor(logging.DEBUG):
         _PARK_LOG.debug("parked (ops pass straight through): %s",
                         mode.policy.reason or "pass-through policy")
-    mode.release_handles()  # Note [Releasing bound handles] (mode.py)
+    mode.release_handles()  # Note [Releasing bound handles] (release.py)
     if SAFE_POINTS is not None:  # parked: its probes come at reads, steps, backward
         SAFE_POINTS.wants_modules(mode, False)
 

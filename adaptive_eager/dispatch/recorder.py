@@ -37,10 +37,11 @@ from ..fusion.slicing import needed_nodes
 from .exported import _EXPORTED, Exported, is_exported
 from .interrupts import critical
 from .lazy import LazyTensor, Owner, new_handle
+from .match import MISS, Made
 from .meta import MetaFailure, MetaMemo, MetaResult, Uncapturable, meta_execute
 from .optable import OpTraits, derive_traits
 from .source import user_source
-from .trace import MISS, Made, TNode, TraceBook
+from .trace import TNode, TraceBook
 from .validity import check as check_validity
 from ..fusion.ir import op_name
 from ..reasons import R

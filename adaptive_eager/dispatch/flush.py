@@ -1,0 +1,254 @@
+"""Closing a window: the mode's flush, from sealing the window to binding its handles.
+
+:class:`Flushing` is the half of :class:`~adaptive_eager.dispatch.mode.AdaptiveEagerMode`
+that runs the open window (the executor, or its recovery when that fails), feeds the
+verdict to the session's policy (runtime.adapt), binds the window's live handles to their
+values, learns the layouts only the kernel knows, and makes a trace of a window that
+recurs (Note [Recurring windows are matched, not recorded], trace.py). The mode owns the
+state it reads (mode.py sets it up): ``lock``, ``recorder``, ``executor``, ``counters``,
+``policy``, ``memo``, ``traces``, ``table``, ``bound`` and ``_strict``.
+
+Example::
+
+    >>> import torch
+    >>> from adaptive_eager import config
+    >>> from adaptive_eager.reasons import R
+    >>> from adaptive_eager.runtime import EagerExecutor, Counters
+    >>> from adaptive_eager.dispatch.mode import AdaptiveEagerMode
+    >>> mode = AdaptiveEagerMode(config.resolve(backend="eager"), EagerExecutor(), Counters())
+    >>> with mode:
+    ...     y = torch.ones(3) * 2
+    ...     pending = len(mode.recorder)
+    ...     mode.flush(R.EXPLICIT_SYNC)
+    ...     after = len(mode.recorder)
+    >>> pending, after, mode.counters.windows
+    (2, 0, 1)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from .._logging import artifact_logger, warn_once
+from ..fusion.graph import storage_groups
+from ..reasons import ROUTINE_REASONS, StrictModeError
+from ..runtime.executor import Known
+from ..runtime.recovery import finish
+from .interrupts import critical
+from .lazy import LazyTensor, bind
+from .meta import KERNEL_LAYOUT_OPS
+from .source import user_source
+from .trace import verify_key
+
+log = logging.getLogger("adaptive_eager")
+_FLUSH_LOG = artifact_logger("ae_flushes")
+
+
+class Flushing:
+    """The mode's window-closing methods (see the module docstring); a base class of
+    AdaptiveEagerMode, with no state of its own."""
+
+    def flush(self, reason: str, source: str | None = None, targets: Any = None) -> None:
+        """Run the open window and bind its live handles. No-op when empty.
+
+        ``targets``: tensors the caller is about to read (and not write). When they
+        are scalars needing a few nodes, only those run (Note [Partial flush]); plain
+        tensors that no pending op touches need nothing. Handles always flush the
+        whole window, so windows start where the program syncs.
+        """
+        # Torch functions off: a flush's own tensor calls (reading requires_grad, the
+        # profiler range, a read) must not reach the read wrappers (observe.py), which,
+        # the window being sealed, would see nothing pending and park the mode mid-flush.
+        with self.lock, torch._C.DisableTorchFunction(), critical():
+            rec = self.recorder
+            if len(rec) == 0:
+                return
+            vids = None
+            if targets is not None:
+                vids = [v for v in (rec.vid_of(t) for t in targets) if v is not None]
+                if not vids and not any(type(t) is LazyTensor for t in targets):
+                    return  # plain tensors no pending op touches: their values are current
+            if source is None:
+                source = user_source(2)
+            if self._strict and reason not in ROUTINE_REASONS:
+                raise StrictModeError.at("sync", reason, source)  # nothing run: like eager's line
+            at = rec.at  # the trace node the window was matched to (trace.py), if any
+            if at is not None and not at.ends:
+                # Flushed where no recorded window ended: a divergence (it recurs? it
+                # becomes an ending of its own).
+                self.counters.trace_mismatches[f"flush ({reason}) at {source}"] += 1
+            sliced = None
+            if vids:
+                targets_key = tuple(vids)
+                if at is None or targets_key not in at.no_slice:
+                    sliced = rec.take_slice(vids, reason, source)
+                    if sliced is not None:
+                        at = None
+                    elif at is not None:
+                        at.no_slice.add(targets_key)  # the same window: the same answer
+            failed = rec.failed  # values of earlier slices that failed (Note [A failed flush loses no work])
+            made, sids, floats = rec.made, rec._sids, rec.floats
+            if sliced is not None:
+                window, live = sliced
+            else:
+                window, live = rec.seal(reason, source)
+            known = self._known(at, window, floats) if at is not None else None
+            error = None
+            try:
+                self.counters.note_flush(reason, source)
+                self.counters.windows += 1
+                _FLUSH_LOG.debug("flush %s: %d ops at %s%s", reason, len(window), source,
+                                 " (partial)" if sliced is not None else "")
+                if failed:
+                    raise _EarlierFailure
+                if torch.autograd.profiler._is_profiler_enabled:
+                    # The range's own ops only while profiling: they reach this mode.
+                    with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
+                        result = self._run(window, known)
+                else:
+                    result = self._run(window, known)
+                values = result.values
+                self.policy.note(result.verdict)  # the session's policy decides (runtime.adapt)
+                errors: Any = _NO_ERRORS
+            except BaseException as e:  # noqa: BLE001 - Note [A failed flush loses no work]
+                values, errors, error = self._finish(window, live, e, failed)
+                result = None
+            self.counters.ops_executed += len(window)
+            if self.counters.sources_wanted:
+                self._want_sources()
+            if sliced is None:
+                self.bound.remember(live)  # Note [Releasing bound handles] (release.py)
+            learned = False
+            for h in live:
+                vid = h._ae_vid
+                real = values.get(vid)
+                if real is None:
+                    h._ae_error = errors.get(vid, error) or _lost(vid)
+                    continue
+                bind(h, real)  # Note [Bound handles hold their memory] (lazy.py)
+                spec = h._ae_spec
+                if real.stride() != spec.stride or real.shape != spec.shape or real.dtype != spec.dtype:
+                    _disagrees(h, real)
+                    if real.shape != spec.shape or any(
+                            n > 1 and a != b for n, a, b in zip(spec.shape, real.stride(), spec.stride)):
+                        # Note [Layouts only the kernel knows] (meta.py): ask its kernel next time.
+                        op = next((n.target for n in window.nodes if vid in n.outputs), None)
+                        learned = learned or op not in KERNEL_LAYOUT_OPS
+                        self.memo.learn_layout(op)
+            if learned:
+                self._forget_traces()  # they hold what meta said
+            elif result is not None and result.recurred and sliced is None and not failed \
+                    and known is None and self.traces is not None:
+                # Note [Recurring windows are matched, not recorded]: from its second sighting
+                if at is not None:
+                    made = [nd.made for nd in at.path()]
+                if made is not None and result.key is not None:
+                    self.traces.add(window, made, sids, result.key, storage_groups(window))
+            if sliced is not None:
+                rec.adopt(values, errors)
+            if error is not None:
+                raise error
+
+    def _run(self, window: Any, known: Known | None) -> Any:
+        # Executors that know no traces take the window alone (the contract before keys).
+        return self.executor.run(window) if known is None else self.executor.run(window, known)
+
+    def _known(self, at: Any, window: Any, floats: list) -> Known | None:
+        """What the trace ending at ``at`` knows of ``window``: its key, if its storage
+        groups and live outputs are a recorded ending's (invariant 6)."""
+        if not at.ends:
+            return None
+        groups = storage_groups(window)
+        outputs = window.outputs
+        for end in at.ends:
+            if end.outputs == outputs and end.groups == groups:
+                if self.traces is not None and self.traces.verify:
+                    verify_key(window, groups, end.key, floats)
+                return Known(end.key, floats, groups)
+        return None
+
+    def _forget_traces(self) -> None:
+        """What traces recorded may no longer be what capture gives: forget them all (the
+        window being matched, if any, continues the slow way)."""
+        if self.traces is not None:
+            self.recorder.leave()
+            self.traces.clear()
+
+    def _finish(self, window: Any, live: list, error: BaseException,
+                failed: dict) -> tuple[Any, Any, BaseException | None]:
+        """Running ``window`` raised ``error``: finish it eagerly (runtime.recovery).
+
+        Returns the values computed, the values that failed and the error to raise.
+        """
+        cause = None if isinstance(error, _EarlierFailure) else error
+        try:
+            done = finish(window, cause, failed)
+        except BaseException as again:  # interrupted again while finishing: nothing more runs
+            for h in live:
+                if h._ae_real is None and h._ae_error is None:
+                    h._ae_error = again
+            raise
+        if done.error is None and cause is not None:
+            warn_once(f"flush-failed:{type(cause).__name__}",
+                      "adaptive_eager: running a window failed (%s: %s); it ran eagerly instead",
+                      type(cause).__name__, cause)
+        return done.values, done.errors, done.error
+
+    def materialize(self, handle: LazyTensor, reason: str) -> torch.Tensor:
+        """Owner protocol: flush so that ``handle`` is bound, and return its tensor."""
+        self.flush(reason, targets=(handle,))
+        real = handle._ae_real
+        if real is None:
+            if handle._ae_error is None:
+                # Not bound by the flush and no error: its window is gone (a bug, or a
+                # handle of another mode's window). Say so rather than ask again forever.
+                handle._ae_error = RuntimeError(
+                    "adaptive_eager: this tensor's window was flushed without it (internal error)")
+            return handle._ae_materialize(reason)  # raises with the recorded error
+        return real
+
+    def _want_sources(self) -> None:
+        wanted = self.counters.sources_wanted
+        while wanted:
+            try:
+                func, _ = wanted.popitem()
+            except KeyError:  # another thread's mode took the last one
+                break
+            if hasattr(func, "_schema"):
+                self.table.want_source(func)
+                self._forget_traces()  # their nodes of func would not note it
+
+_NO_ERRORS: dict = {}
+
+
+class _EarlierFailure(Exception):
+    """The window reads values of an earlier window that could not be computed."""
+
+
+def _lost(vid: int) -> BaseException:
+    return RuntimeError(f"adaptive_eager internal error: value %{vid} of a flushed window was "
+                        "neither computed nor failed")
+
+
+def _disagrees(h: LazyTensor, real: torch.Tensor) -> None:
+    # Note [Meta disagrees with the kernel]: a few meta kernels promise other strides
+    # (linalg.eig, fft.rfftn, svd_lowrank) or shapes (native_batch_norm's saved stats in
+    # eval) than the CPU kernel returns; the handle shows the real tensor's. A dtype
+    # cannot be changed in place, and the program may have read the promised one: the
+    # handle fails with an error that says so, rather than hold another dtype's values.
+    if real.dtype != h._ae_spec.dtype:
+        h._ae_real = None
+        h._ae_error = RuntimeError(
+            f"adaptive_eager: the kernel returned {real.dtype} where capture promised "
+            f"{h._ae_spec.dtype} (a global setting changed through a path the runtime does "
+            "not see? Note [Global state that kernels read])")
+        log.warning("adaptive_eager: %s", h._ae_error)
+        return
+    from .lazy import restride  # noqa: PLC0415 - rare path
+
+    restride(h)
+
+__all__ = ["Flushing"]
