@@ -218,6 +218,8 @@ class MetaMemo:
         self._cache = _LRU(maxsize=maxsize)
         self._sids: dict[TensorSpec, int] = {}
         self._next_sid = 0
+        self.seeded: dict[Any, MetaResult] = {}  # Note [Seeding the memo from real runs]
+        self.max_seeded = maxsize
         # Note [Bounded spec interning]: at most this many specs are interned at once.
         self.max_specs = max(1024, 4 * maxsize)
 
@@ -274,7 +276,32 @@ class MetaMemo:
     def _clear_locked(self) -> None:
         self._fast.clear()
         self._cache.clear()
+        self.seeded.clear()
         self._sids = {}
+
+    # Note [Seeding the memo from real runs]
+    # A window's first capture pays each op's meta kernel once per key, and torch's meta
+    # kernels for common ops are Python decompositions (measured, torch 2.13, CPU, meta
+    # tensors: addmm of fp32[128, 256] 389 µs, gelu 378 µs, gelu_backward 1.0 ms, mul
+    # 100 µs), so a first sighting cost ~250-300 µs per op against ~15 µs for a recurring
+    # one, and a probe that found capture could not pay had spent 15-35 ms on three cold
+    # windows (the loss_print and lstm_lm patterns). The ops the mode passes through
+    # while its measure settles (Note [The first span settles], runtime/adapt.py) run for
+    # real, so their output specs are known: the recorder keys them exactly as a capture
+    # would (the interned specs of their inputs, the same scalars and options) and keeps
+    # the real outputs' specs here; a capture's memo miss takes a seeded result instead of
+    # running meta, and every check a miss makes still runs (devices, validity). Only ops
+    # whose output metadata is a function of the key are seeded: recorded ops (no views,
+    # random, sync or data-dependent ops, by name, tags or call), with strided, plain
+    # outputs. The real kernel's layout is the layout the flush will produce (Note
+    # [Layouts only the kernel knows]). Bounded like the memo; emptied with it.
+    def seed(self, key: Any, result: MetaResult) -> None:
+        """Keep ``result`` (a real run's output specs) for ``key``'s first miss."""
+        seeded = self.seeded
+        if key not in self._fast and key not in seeded:
+            if len(seeded) >= self.max_seeded:
+                seeded.pop(next(iter(seeded)))
+            seeded[key] = result
 
     def __len__(self) -> int:
         return len(self._fast)

@@ -39,11 +39,12 @@ from .interrupts import critical
 from .lazy import LazyTensor, Owner, new_handle
 from .match import MISS, Made
 from .meta import MetaFailure, MetaMemo, MetaResult, Uncapturable, meta_execute
-from .optable import OpTraits, derive_traits
+from .optable import Kind, OpTraits, derive_traits
 from .source import user_source
 from .trace import TNode, TraceBook
 from .validity import check as check_validity
 from ..fusion.ir import op_name
+from ..fusion.policy import data_dependent
 from ..reasons import R
 
 _TensorBase = torch._C.TensorBase  # isinstance against the C base is fast
@@ -103,6 +104,7 @@ class Recorder:
         self.owner = owner
         # func -> _BY_VALUE | _FACTORY; bounded by the number of ATen overloads.
         self._op_flags: dict[Any, int] = {}
+        self._seedable: dict[Any, bool] = {}
         self.book = book  # the session's traces (None: every window records)
         self.counters = memo.counters
         self._reset()
@@ -313,10 +315,12 @@ class Recorder:
         mr = self.memo.get(key)
         if mr is None:
             self._check_devices(enc_args, enc_kwargs)
-            with critical():  # a Ctrl-C in a meta kernel's first (lazy) imports would leave
-                # modules half-imported, and every later meta run failing (Note [Interrupts
-                # wait for the flush]); a miss costs ~60 µs, this ~1 µs
-                mr = meta_execute(func, enc_args, enc_kwargs, self.specs, self.device)
+            mr = self.memo.seeded.pop(key, None) if self.memo.seeded else None
+            if mr is None:  # not seeded (Note [Seeding the memo from real runs], meta.py)
+                with critical():  # a Ctrl-C in a meta kernel's first (lazy) imports would
+                    # leave modules half-imported, and every later meta run failing (Note
+                    # [Interrupts wait for the flush]); a miss costs ~60 µs, this ~1 µs
+                    mr = meta_execute(func, enc_args, enc_kwargs, self.specs, self.device)
             check_validity(func, enc_args, enc_kwargs, self.specs)  # Notes in dispatch/validity.py
             mr = MetaResult(mr.specs, mr.structure,
                             tuple(None if s is None else self.memo.intern(s) for s in mr.specs))
@@ -329,6 +333,75 @@ class Recorder:
             made.append(Made(traits, mr.structure, key_list[-1], "dtype" in kwargs) if default_dtype
                         else Made(traits, mr.structure))
         return out
+
+    # -- seeding the memo ---------------------------------------------------------------
+    def seed(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict, out: Any) -> None:
+        """``func(*args, **kwargs)`` ran for real and returned ``out``: keep its output specs
+        for the memo key a capture of the same call would build (Note [Seeding the memo
+        from real runs], meta.py)."""
+        seedable = self._seedable.get(func)
+        if seedable is None:
+            seedable = self._seedable[func] = traits.kind is Kind.RECORD and \
+                isinstance(func, torch._ops.OpOverload) and not data_dependent(func)
+        if not seedable:
+            return
+        flags = self._op_flags.get(func)
+        if flags is None:
+            flags = self._op_flags[func] = _op_flags(func)
+        key_list: list = [func]
+        by_value = flags & _BY_VALUE
+        if not self._seed_key(args, by_value, key_list):
+            return
+        for k, v in kwargs.items():
+            if not self._seed_key((v,), by_value, key_list):
+                return
+            key_list.append(k)
+        if flags & _FACTORY and kwargs.get("dtype") is None:
+            key_list.append(torch.get_default_dtype())
+        if isinstance(out, _TensorBase):
+            outs, structure = (out,), "tensor"
+        elif type(out) is list or type(out) is tuple:
+            outs, structure = out, "list" if type(out) is list else "tuple"
+        elif out is None:
+            outs, structure = (), "none"
+        else:
+            return
+        specs = []
+        for t in outs:
+            if t is None:
+                specs.append(None)
+            elif not isinstance(t, _TensorBase) or t.layout != torch.strided or t.is_conj() \
+                    or t.is_neg() or t._is_zerotensor():
+                return
+            else:
+                specs.append(TensorSpec(tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                                        t.dtype, self.device))
+        self.memo.seed(tuple(key_list), MetaResult(tuple(specs), structure))
+
+    def _seed_key(self, args: Any, by_value: bool, key: list) -> bool:
+        """:meth:`_encode`'s key part for real arguments (False: not seedable)."""
+        for x in args:
+            tx = type(x)
+            if tx is LazyTensor or isinstance(x, _TensorBase):
+                if tx is LazyTensor:
+                    x = x._ae_real
+                    if x is None:
+                        return False
+                if x.layout != torch.strided or x.is_conj() or x.is_neg() or x._is_zerotensor():
+                    return False
+                key.append(self.memo.intern(TensorSpec.of(x)))
+            elif tx is list or tx is tuple:
+                sub: list = []
+                if not self._seed_key(x, by_value, sub):
+                    return False
+                key.append((tx, tuple(sub)))
+            elif tx is float or tx is complex:
+                key.append((tx, x) if by_value else tx)
+            elif tx is int or tx is bool:
+                key.append((tx, x))
+            else:
+                key.append(x)
+        return True
 
     def _check_devices(self, enc_args: tuple, enc_kwargs: dict) -> None:
         """Meta tensors hide device mismatches: find them as eager would (0-dim CPU

@@ -240,10 +240,26 @@ PROBE_SHARE = 0.05
 # pass with no safe point inside can be thousands). Measured per op
 # at 64f5bd7 on this 2-core CPU (1 thread): regression 11 µs, tiny MLP 12 µs, nanoGPT
 # tiny 17 µs, word_language_model LSTM 29 µs; the GPT benchmark step (d=256) 600 µs, the
-# pointwise block 3 ms, the emulated neuron MLP (20 µs launches) 87 µs.
+# pointwise block 3 ms, the emulated neuron MLP (20 µs launches) 87 µs. The threshold is
+# four captures' worth: the time per op holds the pass-through (~8 µs) and the program's
+# Python, and a first sighting costs far more than CAPTURE_NS_PER_OP (its metadata
+# kernels: torch's meta functions for addmm, gelu and the like are Python
+# decompositions, 0.1-1 ms an op, paid once per shape). At three (45 µs) the loss_print
+# pattern (26 µs an op eagerly, timed at 39-50 µs) flipped between parking and capturing
+# three cold windows (15-30 ms on a 74 ms program) from one run to the next.
+
+# Note [The first span settles]
+# The first span on the stack after the warm-up is not timed: the first time a Python
+# dispatch mode sees an op, torch itself builds per-op state (its dispatch-rule registry
+# and effect tables, ~50-100 µs an op), and the runtime its op tables; the warm-up ran
+# parked, so none of that was paid yet. Measured on the loss_print pattern (SGD training
+# of a 3-layer MLP, ~26 µs per op eagerly): the first span after the warm-up timed
+# 85-125 µs per op in fresh processes (so capture started, and three cold windows cost
+# 15-30 ms against a 74 ms program), the second 38-47 µs. So a measure waits for one
+# whole span to pass (counted, not timed) and times the next; MEASURE_MAX_NS bounds both.
 MEASURE_OPS = 32
 MEASURE_MAX_NS = 20_000_000
-MEASURE_NS_PER_OP = 3 * CAPTURE_NS_PER_OP
+MEASURE_NS_PER_OP = 4 * CAPTURE_NS_PER_OP
 
 # Why deferral stops or restarts (the report's phases; DeferPolicy.reason / why_deferring).
 WARMUP_REASON = "warm-up: the first iteration runs eagerly"
@@ -304,6 +320,8 @@ class DeferPolicy:
         # mode runs can be estimated (Note [Counting while passing through]).
         self._spans = spans
         self._measure_spans = 0
+        self._settled = True
+        self.settling = False
         self.measuring = False
         self._measure_ns = 0
         self._measure_ops = 0
@@ -347,6 +365,10 @@ class DeferPolicy:
         self._measure_ns = time.thread_time_ns()
         self._measure_ops = self._passed_ops()
         self._measure_spans = self._spans() if self._spans is not None else 0
+        self._settled = self._spans is None
+        # Note [Seeding the memo from real runs] (dispatch/meta.py): the mode seeds
+        # while the measure settles (a plain attribute: asked on passed-through ops)
+        self.settling = not self._settled
 
     def on_stack(self, weight: int = 1) -> bool:
         """At a safe point: whether the mode should be on the dispatch-mode stack now
@@ -356,10 +378,21 @@ class DeferPolicy:
             return self.should_defer(weight) or self.measuring  # a probe measures first
         ops = self._passed_ops() - self._measure_ops  # type: ignore[misc]
         elapsed = time.thread_time_ns() - self._measure_ns
+        if not self._settled and elapsed < MEASURE_MAX_NS:
+            if self._spans() == self._measure_spans:  # type: ignore[misc]
+                return True
+            # Note [The first span settles]: time from here, one whole span later
+            self._settled = True
+            self.settling = False
+            self._measure_ns = time.thread_time_ns()
+            self._measure_ops = self._passed_ops()  # type: ignore[misc]
+            self._measure_spans = self._spans()  # type: ignore[misc]
+            return True
         if elapsed < MEASURE_MAX_NS and (ops < MEASURE_OPS or (
                 self._spans is not None and self._spans() == self._measure_spans)):
             return True
         self.measuring = False
+        self.settling = False
         per_op = elapsed / max(ops, 1)
         if ops and per_op >= MEASURE_NS_PER_OP:
             self._defer = True
