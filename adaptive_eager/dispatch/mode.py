@@ -162,8 +162,9 @@ class AdaptiveEagerMode(Flushing, TorchDispatchMode):
             # (probing again now and then; runtime.adapt). Nothing is pending, so
             # every handle is bound and unwraps itself.
             self.counters.ops_passthrough += 1
-            if self.policy.settling:  # Note [Seeding the memo from real runs] (meta.py)
+            if self.policy.seeding:  # Note [Seeding the memo from real runs] (meta.py)
                 out = func(*args, **kwargs)
+                self.policy.seeded()
                 self.recorder.seed(func, self._traits.get(func) or self.table.traits(func),
                                    args, kwargs, out)
                 return out

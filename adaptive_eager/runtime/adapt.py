@@ -229,7 +229,8 @@ PROBE_SHARE = 0.05
 # one whole span (an optimizer step's end to the next in a program that steps an
 # optimizer, else a read to the next: an iteration, whose op count estimates what a
 # parked mode runs, Note [Counting while passing through] in runtime/counters.py) have
-# passed, or MEASURE_MAX_NS of CPU time (an LBFGS step is ~20,000 ops),
+# passed, or MEASURE_MAX_NS of CPU time in all, settling included (an LBFGS step is
+# ~20,000 ops, each ~3x dearer passed through on the stack than run parked),
 # and at the next safe point it compares the time per op
 # (the ops, the program's Python between them, the pass-through) with
 # MEASURE_NS_PER_OP (the thread's CPU time, which other processes on a loaded machine do
@@ -258,7 +259,11 @@ PROBE_SHARE = 0.05
 # 15-30 ms against a 74 ms program), the second 38-47 µs. So a measure waits for one
 # whole span to pass (counted, not timed) and times the next; MEASURE_MAX_NS bounds both.
 MEASURE_OPS = 32
-MEASURE_MAX_NS = 20_000_000
+# Seeding costs ~8 µs an op (its key and specs), so a settling span seeds this many ops
+# at most (~2 ms): a backward pass of 3,400 ops with no safe point inside (LBFGS on an
+# LSTMCell sequence) would otherwise seed all of them, 27 ms on a 165 ms program.
+SEED_OPS = 256
+MEASURE_MAX_NS = 10_000_000
 MEASURE_NS_PER_OP = 4 * CAPTURE_NS_PER_OP
 
 # Why deferral stops or restarts (the report's phases; DeferPolicy.reason / why_deferring).
@@ -320,8 +325,9 @@ class DeferPolicy:
         # mode runs can be estimated (Note [Counting while passing through]).
         self._spans = spans
         self._measure_spans = 0
+        self._measure_end_ns = 0
         self._settled = True
-        self.settling = False
+        self.seeding = False
         self.measuring = False
         self._measure_ns = 0
         self._measure_ops = 0
@@ -363,12 +369,21 @@ class DeferPolicy:
         self.measuring = True  # Note [Measure before capturing]
         self._why = f"{why}: measuring what ops cost"
         self._measure_ns = time.thread_time_ns()
+        self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS  # settling included
         self._measure_ops = self._passed_ops()
         self._measure_spans = self._spans() if self._spans is not None else 0
         self._settled = self._spans is None
         # Note [Seeding the memo from real runs] (dispatch/meta.py): the mode seeds
-        # while the measure settles (a plain attribute: asked on passed-through ops)
-        self.settling = not self._settled
+        # while the measure settles, SEED_OPS ops at most (a plain attribute: asked on
+        # passed-through ops)
+        self.seeding = not self._settled
+        self._seeds_left = SEED_OPS
+
+    def seeded(self) -> None:
+        """The mode seeded the memo from one op (Note [Seeding the memo from real runs])."""
+        self._seeds_left -= 1
+        if self._seeds_left <= 0:
+            self.seeding = False
 
     def on_stack(self, weight: int = 1) -> bool:
         """At a safe point: whether the mode should be on the dispatch-mode stack now
@@ -377,22 +392,24 @@ class DeferPolicy:
         if not self.measuring:
             return self.should_defer(weight) or self.measuring  # a probe measures first
         ops = self._passed_ops() - self._measure_ops  # type: ignore[misc]
-        elapsed = time.thread_time_ns() - self._measure_ns
-        if not self._settled and elapsed < MEASURE_MAX_NS:
+        now = time.thread_time_ns()
+        elapsed = now - self._measure_ns
+        in_time = now < self._measure_end_ns
+        if not self._settled and in_time:
             if self._spans() == self._measure_spans:  # type: ignore[misc]
                 return True
             # Note [The first span settles]: time from here, one whole span later
             self._settled = True
-            self.settling = False
+            self.seeding = False
             self._measure_ns = time.thread_time_ns()
             self._measure_ops = self._passed_ops()  # type: ignore[misc]
             self._measure_spans = self._spans()  # type: ignore[misc]
             return True
-        if elapsed < MEASURE_MAX_NS and (ops < MEASURE_OPS or (
+        if in_time and (ops < MEASURE_OPS or (
                 self._spans is not None and self._spans() == self._measure_spans)):
             return True
         self.measuring = False
-        self.settling = False
+        self.seeding = False
         per_op = elapsed / max(ops, 1)
         if ops and per_op >= MEASURE_NS_PER_OP:
             self._defer = True
@@ -574,6 +591,6 @@ def transition(entry: RegionEntry, to: str, reason: str = "", fn: Any = None) ->
 
 __all__ = [
     "CAPTURE_NS_PER_OP", "RESHAPED_WEIGHT", "CANNOT_PAY_EVIDENCE_NS", "CANNOT_PAY_SHARE",
-    "PROBE_SHARE", "MEASURE_OPS", "MEASURE_MAX_NS", "MEASURE_NS_PER_OP", "pays_for_capture", "WindowHistory", "WindowLog",
+    "PROBE_SHARE", "MEASURE_OPS", "SEED_OPS", "MEASURE_MAX_NS", "MEASURE_NS_PER_OP", "pays_for_capture", "WindowHistory", "WindowLog",
     "UNPAYING", "NOVEL", "PLANNED", "route", "judge", "DeferPolicy", "transition", "Verdict",
 ]
