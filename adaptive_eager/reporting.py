@@ -199,7 +199,10 @@ def time_verdict(s: Stats) -> str:
                 return "no compiled region ran: every compile failed (see the fallbacks below)"
             return ("no region was compiled: no window recurred with a fusible region worth "
                     "its capture (see the flush reasons and fallbacks below)")
-        return "no compiled region ran: the compiled ones were demoted or evicted"
+        if s.demotions or s.cache_evictions:
+            return "no compiled region ran: the compiled ones were demoted or evicted"
+        return ("no compiled region ran: the windows whose regions compiled did not recur "
+                "after compiling (see ae_recompiles for what changed between them)")
     if t["saved_vs_eager"] <= 0:
         return "compiled regions ran no faster than their windows did eagerly"
     if t["saved_vs_eager"] < t["capture"]:
@@ -316,7 +319,11 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
                                         "level (torch.optim's multi-tensor path, equal results)"))
     if s.warmup_ended:
         # Note [The first iteration runs eagerly]
-        rows.insert(0, ("capture started", f"after eager warm-up, at {s.warmup_ended}"))
+        if s.ops_captured:
+            rows.insert(0, ("capture started", f"after eager warm-up, at {s.warmup_ended}"))
+        else:
+            rows.insert(0, ("warm-up ended", f"after eager warm-up, at {s.warmup_ended}; "
+                                             "nothing was captured (see the phases below)"))
     out = [title, "=" * len(title)]
     out += [f"{k:<18} {v}" for k, v in rows]
     out += ["", *format_phases(s)]

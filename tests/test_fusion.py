@@ -1,5 +1,7 @@
 """Structural tests of the partitioner: which nodes fuse, in which order regions run."""
 
+import contextlib
+
 import torch
 
 from adaptive_eager.fusion.graph import build_dag, storage_groups
@@ -143,3 +145,65 @@ def test_keys_ignore_lifted_scalars_but_not_baked_ones():
     r1 = region_key(w, (0, 1), (0,), (2,), {0: 0})
     w2 = win(0.3, 0.0)
     assert r1 == region_key(w2, (0, 1), (0,), (2,), {0: 0})
+
+
+# -- Note [Lifted scalars keep eager's rounding] (fusion/scalars.py) ---------------------
+import pytest  # noqa: E402
+
+import adaptive_eager as ae  # noqa: E402
+from adaptive_eager.fusion.scalars import LIFT_RULES, lift_rule  # noqa: E402
+from helpers import mode  # noqa: E402
+
+
+def _updates(ps, gs, ts, lr):
+    """One step of every rewritten form: alpha, value, foreach alpha and value lists."""
+    out = []
+    for p, g, t in zip(ps, gs, ts):
+        p.add_(g, alpha=-lr)
+        p.sub_(t, alpha=lr * 0.5)
+        out.append(torch.add(p, g, alpha=lr) + torch.sub(p, t, alpha=lr))
+        p.addcmul_(g, t, value=-lr * 0.1)
+        p.addcdiv_(g, t.abs() + 1, value=-lr * 0.2)
+    torch._foreach_add_(ps, gs, alpha=-lr)
+    torch._foreach_sub_(ps, ts, alpha=lr)
+    torch._foreach_addcmul_(ps, gs, ts, [lr * (i + 1) for i in range(len(ps))])
+    torch._foreach_addcmul_(ps, gs, ts, -lr)
+    torch._foreach_addcdiv_(ps, gs, [t.abs() + 1 for t in ts], [-lr] * len(ps))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_lifted_scalars_round_as_eager(dtype):
+    """Regions holding every rewritten op, run by the eager backend with a new learning rate
+    each step (so the floats are lifted, not baked), equal eager bit for bit; in bfloat16
+    the floats are baked (not lifted), so the rate is constant for the window to recur."""
+    varying = dtype in (torch.float32, torch.float64)
+    def run(runtime):
+        torch.manual_seed(0)
+        ps = [torch.randn(n).to(dtype) for n in (1, 7, 33, 4099)]
+        gs = [torch.randn_like(p) for p in ps]
+        ts = [torch.randn_like(p) for p in ps]
+        outs = []
+        with mode(min_region_work=0) if runtime else contextlib.nullcontext():
+            for step in range(6):
+                outs += _updates(ps, gs, ts, 1e-3 * (step + 1 if varying else 1))
+                outs.append(torch.stack([p.sum() for p in ps]).clone())
+                outs[-1].tolist()  # a read ends the window each step: it recurs
+        return ps, outs
+    ae.reset_stats()
+    eager, got = run(False), run(True)
+    s = ae.stats()
+    assert s.ops_fused > 0 and s.compiled_calls > 0, ae.report()
+    for a, b in zip(eager[0] + eager[1], got[0] + got[1]):
+        assert torch.equal(a, b), (a - b).abs().max()
+
+
+def test_low_precision_alpha_is_not_lifted():
+    """float16/bfloat16: no rewrite rounds as eager's kernels do, so the float is baked."""
+    from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef
+    aten = torch.ops.aten
+    for dtype, lifted in ((torch.float32, True), (torch.bfloat16, False), (torch.float16, False)):
+        spec = TensorSpec((4,), (1,), 0, dtype, torch.device("cpu"))
+        node = OpNode(aten.add.Tensor, (ValueRef(0), ValueRef(1)), (("alpha", 0.5),), (2,))
+        assert (lift_rule(node, {0: spec, 1: spec, 2: spec}) is not None) == lifted, dtype
+    assert LIFT_RULES[(aten.add.Tensor, "alpha")].rewrite
