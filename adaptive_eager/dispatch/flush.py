@@ -142,7 +142,7 @@ class Flushing:
                 self._forget_traces()  # they hold what meta said
             elif result is not None and result.recurred and sliced is None and not failed \
                     and known is None and self.traces is not None:
-                # Note [Recurring windows are matched, not recorded]: from its second sighting
+                # Note [Recurring windows are matched, not recorded]: offered from its second sighting, a trace from its third
                 if at is not None:
                     made = [nd.made for nd in at.path()]
                 if made is not None and result.key is not None:

@@ -3,8 +3,8 @@
 Note [Recurring windows are matched, not recorded]
 Recording an op costs ~25 µs in Python (encoding its arguments, a meta-memo key and
 lookup, ValueRefs, an OpNode, a handle made through a Python ``__new__``), 8x the op.
-Most windows recur (a training step, an optimizer step, a forward): the second time a
-window key is flushed, its nodes become a trace (:class:`TraceBook`, a trie of
+Most windows recur (a training step, an optimizer step, a forward): the third time a
+window key is flushed (Note [Traces start at the third sighting]), its nodes become a trace (:class:`TraceBook`, a trie of
 :class:`TNode` per first op, so that windows sharing a prefix share its nodes), and from
 then on a window opening with that op is *matched*: each op is compared with the node
 expected next by straight-line code generated for it (the op object, each tensor argument
@@ -47,8 +47,8 @@ Example::
     >>> with ae.adaptive_eager(backend="eager", adaptive_passthrough=False, warmup=False):
     ...     for _ in range(4):
     ...         total = ((x * 2 + 1) * 3).sum().item()
-    >>> ae.stats().fast_ops                   # windows 3 and 4 were matched: 4 ops each
-    8
+    >>> ae.stats().fast_ops                   # window 4 was matched: 4 ops
+    4
 """
 
 from __future__ import annotations
@@ -128,6 +128,7 @@ class TraceBook:
 
     MAX_NODES = 1 << 16
     MAX_CHILDREN = 8
+    MAX_OFFERED = 1024
 
     def __init__(self, window_size: int):
         self.window_size = window_size
@@ -136,6 +137,8 @@ class TraceBook:
         self.dtype = _get_default_dtype()
         self.verify = False  # tests: check every fast window's key against window_key
         self._lock = threading.Lock()
+        # Note [Traces start at the third sighting]: keys offered once, most recent last
+        self._offered: dict[Any, None] = {}
 
     def openers(self, func: Any) -> list[TNode] | None:
         """The traces whose first node is ``func``, most recent first."""
@@ -157,6 +160,18 @@ class TraceBook:
         if len(made) != len(window.nodes) or not window.nodes:
             return
         with self._lock:
+            # Note [Traces start at the third sighting]
+            # A key offered here has been seen before (its second sighting); it becomes a
+            # trace when offered again. Windows seen exactly twice are common where
+            # window_size cuts a long loop at drifting offsets (LBFGS on an LSTMCell
+            # sequence: 65 of its 256-op windows), and building a trace costs ~90 µs a
+            # node (encoding its arguments, the trie), ~1.6 s there.
+            if key not in self._offered:
+                if len(self._offered) >= self.MAX_OFFERED:
+                    self._offered.pop(next(iter(self._offered)))
+                self._offered[key] = None
+                return
+            del self._offered[key]
             if self.size > self.MAX_NODES:
                 self.roots = {}
                 self.size = 0
@@ -215,8 +230,21 @@ class TraceBook:
         nd.no_slice = set()
         nd.direct = _direct(m.traits, pos, depth)
         nd.full = depth + 1 >= self.window_size
-        nd.emit = generate(nd, pos, kw, outs, lift)
+        nd.emit = _lazy(nd, pos, kw, outs, lift)
         return nd
+
+
+# Note [Matchers are generated when first tried]
+# A window key seen three times becomes a trace, but some are not seen again (LBFGS on
+# an LSTMCell sequence with capture forced: 65 traces of 256-op windows cut by
+# window_size at drifting offsets; generating all their matchers was ~1.8 s of a 4.6 s
+# run, against 2.3 s with the fast path off). So a node's matcher is generated the first
+# time the mode tries it: a trace that never recurs costs its trie nodes only.
+def _lazy(nd: TNode, pos: tuple, kw: tuple, outs: tuple, lift: Any) -> Any:
+    def emit(rec: Any, args: tuple, kwargs: dict) -> Any:
+        fn = nd.emit = generate(nd, pos, kw, outs, lift)
+        return fn(rec, args, kwargs)
+    return emit
 
 
 def _count(nd: TNode) -> int:
