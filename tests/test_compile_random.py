@@ -57,3 +57,56 @@ def test_random_programs_match_eager(backend, ops, seed):
         for w, r in zip(want, got):
             torch.testing.assert_close(r, w, rtol=1e-4, atol=1e-4, equal_nan=True)
     session.clear_sessions()
+
+
+# -- Note [Compiles never rewind the program's random stream] (runtime/compiler.py) ------
+def test_an_async_compile_does_not_rewind_the_programs_random_stream():
+    """aot_eager's compile (AOTAutograd) saves the global generator's state when it starts
+    and sets it back when it ends; it runs beside the program, which draws batches all the
+    while. The program's numbers must be eager's."""
+    import time
+
+    import adaptive_eager as ae
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 64)
+    got = []
+    ae.reset_stats()
+    with ae.adaptive_eager(backend="aot_eager", adaptive_passthrough=False, warmup=False,
+                           async_compile=True, min_region_work=0):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and ae.stats().compiled_calls < 3:
+            x = torch.randn(512, 512)  # drawn while the compile runs
+            got.append(((x * w[0, 0] + 1).sin() * x + w[1, 0]).exp().sum().item())
+    assert ae.stats().compiled_calls >= 3
+    torch.manual_seed(0)
+    w = torch.randn(64, 64)
+    ref = []
+    for _ in got:
+        x = torch.randn(512, 512)
+        ref.append(((x * w[0, 0] + 1).sin() * x + w[1, 0]).exp().sum().item())
+    assert got == ref
+
+
+def test_rng_setters_do_nothing_on_the_compile_thread_only():
+    import threading
+
+    from adaptive_eager.runtime import compiler
+
+    compiler.guard_rng_setters()
+    compiler.guard_rng_setters()  # idempotent
+    assert hasattr(torch.random.set_rng_state, "__ae_wrapped__")
+    before = torch.random.get_rng_state()
+    torch.randn(3)
+    moved = torch.random.get_rng_state()
+
+    def on_compile_thread():
+        compiler._ON_COMPILE_THREAD.on = True
+        torch.random.set_rng_state(before)  # what preserve_rng_state does at its end
+
+    t = threading.Thread(target=on_compile_thread)
+    t.start()
+    t.join()
+    assert torch.equal(torch.random.get_rng_state(), moved)
+    torch.random.set_rng_state(before)  # any other thread: as torch does
+    assert torch.equal(torch.random.get_rng_state(), before)

@@ -55,6 +55,45 @@ FUEL_ENV = "ADAPTIVE_EAGER_FUEL"
 COMPILE_SWITCH_INTERVAL_S = 1e-4
 
 
+# Note [Compiles never rewind the program's random stream]
+# AOTAutograd and Dynamo save the global generators' states when a compile starts and
+# set them back when it ends (torch._dynamo.utils.preserve_rng_state, convert_frame's
+# preserve_global_state): harmless on the thread that compiles, but these compiles run
+# in the service's thread while the program goes on drawing random numbers, and setting
+# the state back rewound the program's stream to where it was when the compile began.
+# Measured: an MLP trained with AdamW under backend aot_eager drew its batches again
+# from an earlier state once a compile finished (loss 7.8e-2 off eager at step 37 of
+# 40, on CPU and on the emulated neuron device). The regions compiled here never hold a
+# random op (SupportPolicy refuses them), so a compile draws nothing and has nothing to
+# restore: on the service's thread, torch's set_rng_state functions do nothing (a
+# thread-local flag; every other thread calls them as before). Inductor compiles run in
+# a worker process, whose generators are its own.
+_ON_COMPILE_THREAD = threading.local()
+_RNG_SETTERS = (("random", "set_rng_state"), ("", "set_rng_state"), ("cuda", "set_rng_state"),
+                ("xpu", "set_rng_state"), ("mps", "set_rng_state"))
+
+
+def _skipped_on_compile_thread(setter: Callable) -> Callable:
+    def set_rng_state(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_ON_COMPILE_THREAD, "on", False):
+            return None
+        return setter(*args, **kwargs)
+
+    set_rng_state.__ae_wrapped__ = setter  # type: ignore[attr-defined]
+    set_rng_state.__doc__ = setter.__doc__
+    set_rng_state.__name__ = getattr(setter, "__name__", "set_rng_state")
+    return set_rng_state
+
+
+def guard_rng_setters() -> None:
+    """Install Note [Compiles never rewind the program's random stream] (idempotent)."""
+    for sub, name in _RNG_SETTERS:
+        mod = getattr(torch, sub, None) if sub else torch
+        setter = getattr(mod, name, None) if mod is not None else None
+        if setter is not None and not hasattr(setter, "__ae_wrapped__"):
+            setattr(mod, name, _skipped_on_compile_thread(setter))
+
+
 # Note [Compile threads never block exit]
 # concurrent.futures' ThreadPoolExecutor joins its (non-daemon) threads at interpreter
 # exit, so a compiler that never returns (a hung in-process compile: the timeout marks
@@ -75,12 +114,14 @@ class _DaemonThread:
         self._jobs.put((fut, fn, args))
         if self._thread is None or self._pid != os.getpid():  # none yet, or forked
             self._pid = os.getpid()
+            guard_rng_setters()
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.adaptive_eager_exempt = True  # type: ignore[attr-defined]
             self._thread.start()
         return fut
 
     def _run(self) -> None:
+        _ON_COMPILE_THREAD.on = True  # Note [Compiles never rewind the program's random stream]
         while True:
             job = self._jobs.get()
             if job is None:
