@@ -59,6 +59,12 @@ class Flushing:
         tensors that no pending op touches need nothing. Handles always flush the
         whole window, so windows start where the program syncs.
         """
+        if targets is not None:
+            with self.lock:  # nothing to run: decided before the contexts below (~3 µs)
+                rec = self.recorder
+                if len(rec) == 0 or (not any(type(t) is LazyTensor for t in targets)
+                                     and all(rec.vid_of(t) is None for t in targets)):
+                    return
         # Torch functions off: a flush's own tensor calls (reading requires_grad, the
         # profiler range, a read) must not reach the read wrappers (observe.py), which,
         # the window being sealed, would see nothing pending and park the mode mid-flush.

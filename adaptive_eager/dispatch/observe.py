@@ -147,6 +147,18 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
             safe_point(mode, READ_WEIGHT, True)
             return out
     if kind == "scalar":
+        t = args[0]
+        if type(t) is not LazyTensor and (not mode.recorder.nodes or mode.recorder.vid_of(t) is None):
+            # Note [Reads of untouched host scalars]
+            # A plain tensor no pending op touches holds its current value: its read needs
+            # no flush, and runs as it is, not through the mode (which would find that out
+            # in ~10 µs). torch.optim's foreach steps read every parameter's step counter
+            # (``_get_value(step)``, 200 reads an AdamW step over 100 tensors): 2.6 ms a
+            # step of a 1.9 ms compiled region, through the mode.
+            with suspended():
+                out = func(*args, **kwargs)
+            safe_point(mode, READ_WEIGHT, True)
+            return out
         reason = _READ_REASONS.get(name)
         if reason is None:
             out = func(*args, **kwargs)

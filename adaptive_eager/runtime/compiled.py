@@ -198,7 +198,7 @@ class CompiledExecutor:
                         for s in plan.steps)
         ran_compiled = self.counters.compiled_calls > compiled_before
         verdict = judge(history, n_ops, worth, ran_compiled, compiling, t1, window.opened_ns,
-                        self.options.async_compile)
+                        self.options.async_compile, t1 - t0)
         return (FlushResult({vid: env[vid] for vid in window.outputs}, verdict, key, recurred),
                 history.eager_ns if ran_compiled else None)
 
