@@ -124,24 +124,9 @@ def _global_state_changed(name: str, dtype_changed: bool) -> None:
             memo.clear()
 
 
-# Note [Import Dynamo at the first session, not at the first op]
-# torch's Python meta kernels (torch._refs, _meta_registrations) are wrapped in
-# torch._disable_dynamo, which imports torch._dynamo on its first call: 2.5-3 s on this
-# CPU. Capturing the program's first op runs such a kernel, so that import would
-# land in the program's first iteration, a stall of exactly the kind this runtime
-# promises not to add. It is done when the first session is made (entering the first
-# ``adaptive_eager()`` block or ``enable()``), where a one-time set-up cost belongs.
-def _import_dynamo() -> None:
-    try:
-        with interrupts.critical():  # not half-imported by a Ctrl-C (Note [Interrupts wait for the flush])
-            import torch._dynamo  # noqa: F401, PLC0415
-    except Exception:  # noqa: BLE001 - an optional speed-up; the first op imports it anyway
-        log.debug("adaptive_eager: importing torch._dynamo failed", exc_info=True)
-
-
 def get_session(options: Options) -> Session:
-    if "torch._dynamo" not in sys.modules:
-        _import_dynamo()
+    if not options.warmup or not options.adaptive_passthrough:
+        parking.import_dynamo()  # capture from the first op: Note [Import Dynamo before capture]
     with _SESSIONS_LOCK:
         s = _SESSIONS.pop(options, None)
         if s is None:

@@ -170,8 +170,8 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
             t_enter = time.perf_counter()
             ctx = api.context(**{**wl.adaptive_defaults, **(adaptive_options or {})})
             with ctx:
-                # One-time set-up at the first session (imports torch._dynamo; see
-                # Note [Import Dynamo at the first session, not at the first op]),
+                # One-time set-up at the first session (with capture from the first op
+                # it imports torch._dynamo: Note [Import Dynamo before capture]),
                 # reported apart from the first iteration.
                 res["enter_s"] = time.perf_counter() - t_enter
                 warm_times, extra_warm, times, before, after = body()

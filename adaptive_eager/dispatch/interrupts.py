@@ -13,7 +13,8 @@ it (calls the program's handler, normally raising KeyboardInterrupt) once every
 handle of its window is bound. A second SIGINT during the same flush is delivered at
 once, for a user who insists (a long synchronous compile); the flush then finishes
 its window eagerly (Note [A failed flush loses no work], runtime/recovery.py). The
-one-time import of torch._dynamo when the first block opens is guarded the same way:
+one-time import of torch._dynamo before capture (Note [Import Dynamo before capture],
+parking.py) is guarded the same way:
 interrupted half-way, it left a broken module behind, every meta kernel then failed
 and ops were marked as having none (measured: aten::add_ synced for the rest of the
 process after a Ctrl-C during the first block's entry).

@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -126,6 +127,7 @@ def safe_point(mode: Any, weight: int, read: bool | None = None) -> None:
         if not policy.on_stack(0):
             park(mode)
         elif measuring and not policy.measuring:  # Note [Measure before capturing]
+            import_dynamo()  # Note [Import Dynamo before capture]
             mode.counters.note_phase("captured", policy.why_deferring)
             if SAFE_POINTS is not None:
                 SAFE_POINTS.wants_modules(mode, False)
@@ -146,6 +148,29 @@ def block_left(mode: Any) -> None:
         mode._parked = False
     if SAFE_POINTS is not None:
         SAFE_POINTS.wants_modules(mode, False)
+
+
+# Note [Import Dynamo before capture]
+# torch's Python meta kernels (torch._refs, _meta_registrations) are wrapped in
+# torch._disable_dynamo, which imports torch._dynamo on its first call: 1.2-3 s on this
+# CPU. A capture's first meta kernel would pay it in the middle of a window, so it is
+# imported where capture is decided: at the session's start when capture begins with
+# the block's first op (warmup or adaptive_passthrough off), else at the safe point where
+# a measure decides to capture. A program that parks never pays it: importing it at the
+# first block cost every run 1.4 s (measured: word_language_model's LSTM pattern, 8
+# steps, 0.1 s eagerly, 1.4-1.8 s under the runtime in a fresh process, nothing
+# captured: the "20x" of issue 16).
+def import_dynamo() -> None:
+    """Import torch._dynamo now (Note [Import Dynamo before capture]); idempotent."""
+    if "torch._dynamo" in sys.modules:
+        return
+    from . import interrupts  # noqa: PLC0415 - a leaf module
+
+    try:
+        with interrupts.critical():  # not half-imported by a Ctrl-C (Note [Interrupts wait for the flush])
+            import torch._dynamo  # noqa: F401, PLC0415
+    except Exception:  # noqa: BLE001 - an optional speed-up; the first op imports it anyway
+        _PARK_LOG.debug("adaptive_eager: importing torch._dynamo failed", exc_info=True)
 
 
 def end_warmup(mode: Any, why: str, source: str | None) -> None:
