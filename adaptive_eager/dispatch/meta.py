@@ -299,9 +299,10 @@ class MetaMemo:
         """Keep ``result`` (a real run's output specs) for ``key``'s first miss."""
         seeded = self.seeded
         if key not in self._fast and key not in seeded:
-            if len(seeded) >= self.max_seeded:
-                seeded.pop(next(iter(seeded)))
-            seeded[key] = result
+            with self._lock:  # one memo may serve modes in several threads
+                if len(seeded) >= self.max_seeded and seeded:
+                    seeded.pop(next(iter(seeded)), None)
+                seeded[key] = result
 
     def __len__(self) -> int:
         return len(self._fast)
