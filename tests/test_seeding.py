@@ -1,5 +1,5 @@
-"""Note [Seeding the memo from real runs] (dispatch/meta.py): ops passed through while a
-measure settles seed the meta memo, so the first capture runs no meta kernel for them;
+"""Note [Seeding the memo from real runs] (dispatch/meta.py): ops passed through in the span
+after a measure decides to capture seed the meta memo, so the first capture runs no meta kernel for them;
 seeded specs are what meta (or the kernel) says; data-dependent ops are never seeded."""
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ def test_the_settling_span_seeds_the_first_capture(monkeypatch):
             captured.append(type(y) is ae.dispatch.LazyTensor)
             got.append(y.item())
     assert got == ref
-    # warm-up, settling, measuring: passed through; then captured
-    assert captured[:3] == [False] * 3 and any(captured[3:]), captured
+    # warm-up, settling, measuring, seeding: passed through; then captured
+    assert captured[:4] == [False] * 4 and any(captured[4:]), captured
     assert ae.stats().ops_captured > 0
-    # every op of the step ran for real while settling: capture ran no meta kernel
+    # every op of the step ran for real while seeding: capture ran no meta kernel
     assert metas == [], metas
 
 
@@ -130,3 +130,19 @@ def test_seeds_are_bounded_and_cleared_with_the_memo():
     assert len(memo.seeded) <= memo.max_seeded == 4
     memo.clear()
     assert not memo.seeded
+
+
+def test_a_program_that_parks_seeds_nothing(monkeypatch):
+    """Seeding comes after a decision to capture: ops too cheap to capture are measured,
+    the mode parks, and no seed was paid for."""
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 10**12)  # nothing is worth capturing
+    monkeypatch.setattr(adapt, "MEASURE_OPS", 1)
+    x = torch.randn(16)
+    with ae.adaptive_eager(backend="eager", warmup=True):
+        mode = ae.session.current_mode()
+        for i in range(6):
+            ((x * i + 1).sin() * 2).sum().item()
+        parked = mode._parked
+        seeded = len(mode.memo.seeded)
+    assert parked and seeded == 0
+    assert ae.stats().ops_captured == 0

@@ -285,11 +285,12 @@ class MetaMemo:
     # tensors: addmm of fp32[128, 256] 389 µs, gelu 378 µs, gelu_backward 1.0 ms, mul
     # 100 µs), so a first sighting cost ~250-300 µs per op against ~15 µs for a recurring
     # one, and a probe that found capture could not pay had spent 15-35 ms on three cold
-    # windows (the loss_print and lstm_lm patterns). The ops the mode passes through
-    # while its measure settles (Note [The first span settles], runtime/adapt.py) run for
-    # real, so their output specs are known: the recorder keys them exactly as a capture
-    # would (the interned specs of their inputs, the same scalars and options) and keeps
-    # the real outputs' specs here; a capture's memo miss takes a seeded result instead of
+    # windows (the loss_print and lstm_lm patterns). Once a measure decides to capture
+    # (Note [Measure before capturing], runtime/adapt.py), one more span passes through
+    # (not before: a program that parks, most on a CPU, would pay ~8 µs an op for seeds
+    # it never uses, at every probe): its ops run for real, so their output specs are
+    # known. The recorder keys them exactly as a capture would (the interned specs of
+    # their inputs, the same scalars and options) and keeps the real outputs' specs here; a capture's memo miss takes a seeded result instead of
     # running meta, and every check a miss makes still runs (devices, validity). Only ops
     # whose output metadata is a function of the key are seeded: recorded ops (no views,
     # random, sync or data-dependent ops, by name, tags or call), with strided, plain

@@ -279,7 +279,7 @@ PROBE_SHARE = 0.05
 # 15-30 ms against a 74 ms program), the second 38-47 µs. So a measure waits for one
 # whole span to pass (counted, not timed) and times the next; MEASURE_MAX_NS bounds both.
 MEASURE_OPS = 32
-# Seeding costs ~8 µs an op (its key and specs), so a settling span seeds this many ops
+# Seeding costs ~8 µs an op (its key and specs), so a seeding span seeds this many ops
 # at most (~2 ms): a backward pass of 3,400 ops with no safe point inside (LBFGS on an
 # LSTMCell sequence) would otherwise seed all of them, 27 ms on a 165 ms program.
 SEED_OPS = 256
@@ -357,6 +357,7 @@ class DeferPolicy:
         self._measure_spans = 0
         self._measure_end_ns = 0
         self._settled = True
+        self._decided: str | None = None
         self.seeding = False
         self.measuring = False
         self._measure_ns = 0
@@ -404,11 +405,8 @@ class DeferPolicy:
         self._measure_ops = self._passed_ops()
         self._measure_spans = self._spans() if self._spans is not None else 0
         self._settled = self._spans is None
-        # Note [Seeding the memo from real runs] (dispatch/meta.py): the mode seeds
-        # while the measure settles, SEED_OPS ops at most (a plain attribute: asked on
-        # passed-through ops)
-        self.seeding = not self._settled
-        self._seeds_left = SEED_OPS
+        self._decided = None
+        self.seeding = False
 
     def seeded(self) -> None:
         """The mode seeded the memo from one op (Note [Seeding the memo from real runs])."""
@@ -422,16 +420,22 @@ class DeferPolicy:
         (Note [Measure before capturing])."""
         if not self.measuring:
             return self.should_defer(weight) or self.measuring  # a probe measures first
-        ops = self._passed_ops() - self._measure_ops  # type: ignore[misc]
         now = time.thread_time_ns()
-        elapsed = now - self._measure_ns
         in_time = now < self._measure_end_ns
+        if self._decided is not None:  # the seeding span after a decision to capture
+            if in_time and self._spans() == self._measure_spans:  # type: ignore[misc]
+                return True
+            self.measuring = self.seeding = False
+            self._defer = True
+            self._why, self._decided = self._decided, None
+            return True
+        ops = self._passed_ops() - self._measure_ops  # type: ignore[misc]
+        elapsed = now - self._measure_ns
         if not self._settled and in_time:
             if self._spans() == self._measure_spans:  # type: ignore[misc]
                 return True
             # Note [The first span settles]: time from here, one whole span later
             self._settled = True
-            self.seeding = False
             self._measure_ns = time.thread_time_ns()
             self._measure_ops = self._passed_ops()  # type: ignore[misc]
             self._measure_spans = self._spans()  # type: ignore[misc]
@@ -439,13 +443,23 @@ class DeferPolicy:
         if in_time and (ops < MEASURE_OPS or (
                 self._spans is not None and self._spans() == self._measure_spans)):
             return True
-        self.measuring = False
-        self.seeding = False
         per_op = elapsed / max(ops, 1)
         if ops and per_op >= (LAUNCH_MEASURE_NS_PER_OP if self.launch_bound else MEASURE_NS_PER_OP):
+            why = f"ops took {per_op / 1e3:.0f} µs each (over {ops} ops): worth capturing"
+            if self._spans is not None:
+                # Note [Seeding the memo from real runs] (dispatch/meta.py): one more span
+                # passes through, seeding (a plain attribute: asked on passed-through ops)
+                self._decided = why
+                self.seeding = True
+                self._seeds_left = SEED_OPS
+                self._measure_spans = self._spans()
+                self._measure_end_ns = now + MEASURE_MAX_NS
+                return True
+            self.measuring = False
             self._defer = True
-            self._why = f"ops took {per_op / 1e3:.0f} µs each (over {ops} ops): worth capturing"
+            self._why = why
             return True
+        self.measuring = False
         self._cannot_pay = (
             f"ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through): "
             f"less than capturing one costs, so capture cannot pay")
