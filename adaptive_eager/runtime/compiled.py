@@ -47,7 +47,7 @@ import torch
 from torch.autograd.profiler import _is_profiler_enabled  # noqa: F401 - cheap check, below
 
 from .._logging import artifact_logger
-from .adapt import NOVEL, UNPAYING, WindowHistory, WindowLog, judge, route
+from .windows import NOVEL, UNPAYING, WindowHistory, WindowLog, judge, route
 from ..fusion.fxgraph import lower
 from ..fusion.graph import storage_groups
 from ..fusion.ir import Window
@@ -135,7 +135,7 @@ class CompiledExecutor:
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
-        # Note [One history per window key] (runtime/adapt.py): plan, first sighting and
+        # Note [One history per window key] (runtime/windows.py): plan, first sighting and
         # measured times of a window key live in one entry, evicted together.
         self.windows = WindowLog(max(256, 4 * options.cache_size))
         self._outlines: cachetools.LRUCache = cachetools.LRUCache(256)  # site -> outline (ae_recompiles)
@@ -218,7 +218,7 @@ class CompiledExecutor:
     def _run_novel(self, window: Window, history: WindowHistory, key: Any,
                    recurred: bool) -> FlushResult:
         """A first sighting: replayed eagerly and timed (Note [First sightings are not
-        planned], runtime/adapt.py)."""
+        planned], runtime/windows.py)."""
         values, capture_ns, eager_ns = self._replay_timed(window)
         history.novel = True
         history.eager_ns, history.capture_ns = eager_ns, capture_ns
@@ -242,7 +242,7 @@ class CompiledExecutor:
 
     def _run_unpaying(self, window: Window, history: WindowHistory, key: Any) -> FlushResult:
         """A window whose capture cannot pay (Note [Windows that cannot pay for their
-        capture are not compiled], runtime/adapt.py): replayed and timed again (the first
+        capture are not compiled], runtime/windows.py): replayed and timed again (the first
         sighting's capture ran metadata kernels cold), never planned."""
         values, capture_ns, ran_ns = self._replay_timed(window)
         history.timed(ran_ns, capture_ns if history.capture_ns is not None else None)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 from .._logging import artifact_logger
-from .adapt import transition
+from .windows import transition
 from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from .compile_worker import THREADS_META, Exiting
 from .counters import Counters
@@ -206,7 +206,7 @@ class CompileService:
         meta = getattr(gm, "meta", None)
         if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels
             meta[THREADS_META] = torch.get_num_threads()
-        if not transition(entry, COMPILING):  # Note [A region's states] (runtime/adapt.py)
+        if not transition(entry, COMPILING):  # Note [A region's states] (runtime/windows.py)
             return
         with self.counters.lock:
             self.counters.compiles_in_flight += 1
