@@ -19,6 +19,7 @@ import torch.nn as nn
 
 import adaptive_eager as ae
 from adaptive_eager import neuron_sim
+from adaptive_eager.benchmarks.workloads.patterns import Sequence  # time_sequence_prediction
 from adaptive_eager.dispatch import LazyTensor
 
 from helpers import assert_same, mode
@@ -70,32 +71,6 @@ def test_parameter_dtype_change_after_capture_started(device, how):
 def _time_sequence(capture, steps: int = 2) -> list[float]:
     """pytorch/examples time_sequence_prediction, small: a float64 LSTMCell model
     trained with LBFGS and a closure."""
-
-    class Sequence(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lstm1 = nn.LSTMCell(1, 8)
-            self.lstm2 = nn.LSTMCell(8, 8)
-            self.linear = nn.Linear(8, 1)
-
-        def forward(self, input: torch.Tensor, future: int = 0) -> torch.Tensor:
-            outputs = []
-            h_t = torch.zeros(input.size(0), 8, dtype=torch.double)
-            c_t = torch.zeros(input.size(0), 8, dtype=torch.double)
-            h_t2 = torch.zeros(input.size(0), 8, dtype=torch.double)
-            c_t2 = torch.zeros(input.size(0), 8, dtype=torch.double)
-            for input_t in input.split(1, dim=1):
-                h_t, c_t = self.lstm1(input_t, (h_t, c_t))
-                h_t2, c_t2 = self.lstm2(h_t, (h_t2, c_t2))
-                output = self.linear(h_t2)
-                outputs += [output]
-            for _ in range(future):
-                h_t, c_t = self.lstm1(output, (h_t, c_t))
-                h_t2, c_t2 = self.lstm2(h_t, (h_t2, c_t2))
-                output = self.linear(h_t2)
-                outputs += [output]
-            return torch.cat(outputs, dim=1)
-
     gen = torch.Generator().manual_seed(2)
     t = torch.arange(12, dtype=torch.double) + torch.randint(-4, 4, (4, 1), generator=gen)
     data = torch.sin(t / 2.0)
@@ -104,7 +79,7 @@ def _time_sequence(capture, steps: int = 2) -> list[float]:
     losses: list[float] = []
     with capture():
         torch.manual_seed(0)
-        seq = Sequence()
+        seq = Sequence(hidden=8)
         seq.double()
         criterion = nn.MSELoss()
         optimizer = torch.optim.LBFGS(seq.parameters(), lr=0.8, max_iter=4)

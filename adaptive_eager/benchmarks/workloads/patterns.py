@@ -238,18 +238,22 @@ def nanogpt_sample(steps: int = 40) -> Dict[str, Any]:
 
 # -- time_sequence_prediction -------------------------------------------------------------
 class Sequence(nn.Module):
-    def __init__(self) -> None:
+    """time_sequence_prediction's model: two LSTMCells of ``hidden`` units and a Linear."""
+
+    def __init__(self, hidden: int = 24) -> None:
         super().__init__()
-        self.lstm1 = nn.LSTMCell(1, 24)
-        self.lstm2 = nn.LSTMCell(24, 24)
-        self.linear = nn.Linear(24, 1)
+        self.hidden = hidden
+        self.lstm1 = nn.LSTMCell(1, hidden)
+        self.lstm2 = nn.LSTMCell(hidden, hidden)
+        self.linear = nn.Linear(hidden, 1)
 
     def forward(self, input: torch.Tensor, future: int = 0) -> torch.Tensor:
         outputs = []
-        h_t = torch.zeros(input.size(0), 24, dtype=torch.double)
-        c_t = torch.zeros(input.size(0), 24, dtype=torch.double)
-        h_t2 = torch.zeros(input.size(0), 24, dtype=torch.double)
-        c_t2 = torch.zeros(input.size(0), 24, dtype=torch.double)
+        n = self.hidden
+        h_t = torch.zeros(input.size(0), n, dtype=torch.double)
+        c_t = torch.zeros(input.size(0), n, dtype=torch.double)
+        h_t2 = torch.zeros(input.size(0), n, dtype=torch.double)
+        c_t2 = torch.zeros(input.size(0), n, dtype=torch.double)
         for input_t in input.split(1, dim=1):
             h_t, c_t = self.lstm1(input_t, (h_t, c_t))
             h_t2, c_t2 = self.lstm2(h_t, (h_t2, c_t2))
