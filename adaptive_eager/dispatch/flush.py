@@ -59,16 +59,7 @@ class Flushing:
         tensors that no pending op touches need nothing. Handles always flush the
         whole window, so windows start where the program syncs.
         """
-        if targets is not None:
-            with self.lock:  # nothing to run: decided before the contexts below (~3 µs)
-                rec = self.recorder
-                if len(rec) == 0 or (not any(type(t) is LazyTensor for t in targets)
-                                     and all(rec.vid_of(t) is None for t in targets)):
-                    return
-        # Torch functions off: a flush's own tensor calls (reading requires_grad, the
-        # profiler range, a read) must not reach the read wrappers (observe.py), which,
-        # the window being sealed, would see nothing pending and park the mode mid-flush.
-        with self.lock, torch._C.DisableTorchFunction(), critical():
+        with self.lock:
             rec = self.recorder
             if len(rec) == 0:
                 return
@@ -79,84 +70,94 @@ class Flushing:
                     return  # plain tensors no pending op touches: their values are current
             if source is None:
                 source = user_source(2)
-            if self._strict and reason not in ROUTINE_REASONS:
-                raise StrictModeError.at("sync", reason, source)  # nothing run: like eager's line
-            at = rec.at  # the trace node the window was matched to (trace.py), if any
-            if at is not None and not at.ends:
-                # Flushed where no recorded window ended: a divergence (it recurs? it
-                # becomes an ending of its own).
-                self.counters.trace_mismatches[f"flush ({reason}) at {source}"] += 1
-            sliced = None
-            if vids:
-                targets_key = tuple(vids)
-                if at is None or targets_key not in at.no_slice:
-                    sliced = rec.take_slice(vids, reason, source)
-                    if sliced is not None:
-                        at = None
-                    elif at is not None:
-                        at.no_slice.add(targets_key)  # the same window: the same answer
-            failed = rec.failed  # values of earlier slices that failed (Note [A failed flush loses no work])
-            made, sids, floats = rec.made, rec._sids, rec.floats
-            if sliced is not None:
-                window, live = sliced
-            else:
-                window, live = rec.seal(reason, source)
-            known = self._known(at, window, floats) if at is not None else None
-            error = None
-            try:
-                self.counters.note_flush(reason, source)
-                self.counters.windows += 1
-                _FLUSH_LOG.debug("flush %s: %d ops at %s%s", reason, len(window), source,
-                                 " (partial)" if sliced is not None else "")
-                if failed:
-                    raise _EarlierFailure
-                if torch.autograd.profiler._is_profiler_enabled:
-                    # The range's own ops only while profiling: they reach this mode.
-                    with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
-                        result = self._run(window, known)
-                else:
+            # Torch functions off: a flush's own tensor calls (reading requires_grad, the
+            # profiler range, a read) must not reach the read wrappers (observe.py), which,
+            # the window being sealed, would see nothing pending and park the mode mid-flush.
+            # Entered only with work to do (the contexts cost ~3 µs).
+            with torch._C.DisableTorchFunction(), critical():
+                self._flush_window(rec, reason, source, vids)
+
+    def _flush_window(self, rec: Any, reason: str, source: str, vids: list | None) -> None:
+        """The flush's work, under the lock with torch functions off and interrupts held:
+        seal the window (or the slice ``vids`` need), run it, bind its handles."""
+        if self._strict and reason not in ROUTINE_REASONS:
+            raise StrictModeError.at("sync", reason, source)  # nothing run: like eager's line
+        at = rec.at  # the trace node the window was matched to (trace.py), if any
+        if at is not None and not at.ends:
+            # Flushed where no recorded window ended: a divergence (it recurs? it
+            # becomes an ending of its own).
+            self.counters.trace_mismatches[f"flush ({reason}) at {source}"] += 1
+        sliced = None
+        if vids:
+            targets_key = tuple(vids)
+            if at is None or targets_key not in at.no_slice:
+                sliced = rec.take_slice(vids, reason, source)
+                if sliced is not None:
+                    at = None
+                elif at is not None:
+                    at.no_slice.add(targets_key)  # the same window: the same answer
+        failed = rec.failed  # values of earlier slices that failed (Note [A failed flush loses no work])
+        made, sids, floats = rec.made, rec._sids, rec.floats
+        if sliced is not None:
+            window, live = sliced
+        else:
+            window, live = rec.seal(reason, source)
+        known = self._known(at, window, floats) if at is not None else None
+        error = None
+        try:
+            self.counters.note_flush(reason, source)
+            self.counters.windows += 1
+            _FLUSH_LOG.debug("flush %s: %d ops at %s%s", reason, len(window), source,
+                             " (partial)" if sliced is not None else "")
+            if failed:
+                raise _EarlierFailure
+            if torch.autograd.profiler._is_profiler_enabled:
+                # The range's own ops only while profiling: they reach this mode.
+                with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
                     result = self._run(window, known)
-                values = result.values
-                self.policy.note(result.verdict)  # the session's policy decides (runtime.adapt)
-                errors: Any = _NO_ERRORS
-            except BaseException as e:  # noqa: BLE001 - Note [A failed flush loses no work]
-                values, errors, error = self._finish(window, live, e, failed)
-                result = None
-            self.counters.ops_executed += len(window)
-            if self.counters.sources_wanted:
-                self._want_sources()
-            if sliced is None:
-                self.bound.remember(live)  # Note [Releasing bound handles] (release.py)
-            learned = False
-            for h in live:
-                vid = h._ae_vid
-                real = values.get(vid)
-                if real is None:
-                    h._ae_error = errors.get(vid, error) or _lost(vid)
-                    continue
-                bind(h, real)  # Note [Bound handles hold their memory] (lazy.py)
-                spec = h._ae_spec
-                if real.stride() != spec.stride or real.shape != spec.shape or real.dtype != spec.dtype:
-                    _disagrees(h, real)
-                    if real.shape != spec.shape or any(
-                            n > 1 and a != b for n, a, b in zip(spec.shape, real.stride(), spec.stride)):
-                        # Note [Layouts only the kernel knows] (meta.py): ask its kernel next time.
-                        op = next((n.target for n in window.nodes if vid in n.outputs), None)
-                        learned = learned or op not in KERNEL_LAYOUT_OPS
-                        self.memo.learn_layout(op)
-            if learned:
-                self._forget_traces()  # they hold what meta said
-            elif result is not None and result.recurred and sliced is None and not failed \
-                    and known is None and self.traces is not None:
-                # Note [Recurring windows are matched, not recorded]: offered from its second sighting, a trace from its third
-                if at is not None:
-                    made = [nd.made for nd in at.path()]
-                if made is not None and result.key is not None:
-                    self.traces.add(window, made, sids, result.key, storage_groups(window))
-            if sliced is not None:
-                rec.adopt(values, errors)
-            if error is not None:
-                raise error
+            else:
+                result = self._run(window, known)
+            values = result.values
+            self.policy.note(result.verdict)  # the session's policy decides (runtime.adapt)
+            errors: Any = _NO_ERRORS
+        except BaseException as e:  # noqa: BLE001 - Note [A failed flush loses no work]
+            values, errors, error = self._finish(window, live, e, failed)
+            result = None
+        self.counters.ops_executed += len(window)
+        if self.counters.sources_wanted:
+            self._want_sources()
+        if sliced is None:
+            self.bound.remember(live)  # Note [Releasing bound handles] (release.py)
+        learned = False
+        for h in live:
+            vid = h._ae_vid
+            real = values.get(vid)
+            if real is None:
+                h._ae_error = errors.get(vid, error) or _lost(vid)
+                continue
+            bind(h, real)  # Note [Bound handles hold their memory] (lazy.py)
+            spec = h._ae_spec
+            if real.stride() != spec.stride or real.shape != spec.shape or real.dtype != spec.dtype:
+                _disagrees(h, real)
+                if real.shape != spec.shape or any(
+                        n > 1 and a != b for n, a, b in zip(spec.shape, real.stride(), spec.stride)):
+                    # Note [Layouts only the kernel knows] (meta.py): ask its kernel next time.
+                    op = next((n.target for n in window.nodes if vid in n.outputs), None)
+                    learned = learned or op not in KERNEL_LAYOUT_OPS
+                    self.memo.learn_layout(op)
+        if learned:
+            self._forget_traces()  # they hold what meta said
+        elif result is not None and result.recurred and sliced is None and not failed \
+                and known is None and self.traces is not None:
+            # Note [Recurring windows are matched, not recorded]: offered from its second sighting, a trace from its third
+            if at is not None:
+                made = [nd.made for nd in at.path()]
+            if made is not None and result.key is not None:
+                self.traces.add(window, made, sids, result.key, storage_groups(window))
+        if sliced is not None:
+            rec.adopt(values, errors)
+        if error is not None:
+            raise error
 
     def _run(self, window: Any, known: Known | None) -> Any:
         # Executors that know no traces take the window alone (the contract before keys).
