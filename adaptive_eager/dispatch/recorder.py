@@ -78,6 +78,16 @@ def _op_flags(func: Any) -> int:
     return flags
 
 
+def _leaf_key(x: Any, tx: type, by_value: Any) -> Any:
+    """A non-tensor argument's part of the meta key (Note [Scalars in the meta key]):
+    floats by type (by value for ops whose floats shape the output), ints by value."""
+    if tx is float or tx is complex:
+        return (tx, x) if by_value else tx
+    if tx is int or tx is bool:
+        return (tx, x)
+    return x
+
+
 def _refs(obj: Any):
     if isinstance(obj, ValueRef):
         yield obj
@@ -206,15 +216,9 @@ class Recorder:
                 self._encode(x, by_value, sub_enc, sub_key)
                 enc.append(sub_enc if tx is list else tuple(sub_enc))
                 key.append((tx, tuple(sub_key)))
-            elif tx is float or tx is complex:
-                enc.append(x)
-                key.append((tx, x) if by_value else tx)
-            elif tx is int or tx is bool:
-                enc.append(x)
-                key.append((tx, x))
             else:
                 enc.append(x)
-                key.append(x)
+                key.append(_leaf_key(x, tx, by_value))
 
     # -- recording ------------------------------------------------------------------
     # -- matching a trace ------------------------------------------------------------
@@ -395,12 +399,8 @@ class Recorder:
                 if not self._seed_key(x, by_value, sub):
                     return False
                 key.append((tx, tuple(sub)))
-            elif tx is float or tx is complex:
-                key.append((tx, x) if by_value else tx)
-            elif tx is int or tx is bool:
-                key.append((tx, x))
             else:
-                key.append(x)
+                key.append(_leaf_key(x, tx, by_value))
         return True
 
     def _check_devices(self, enc_args: tuple, enc_kwargs: dict) -> None:
