@@ -69,7 +69,7 @@ def park(mode: Any) -> None:
         return
     _pop_mode()
     mode._parked = True
-    mode.counters.mark_step = mode.counters.mark_read = -1  # no span runs through a park
+    mode.counters.end_spans()  # Note [Counting while passing through] (runtime/counters.py)
     mode.policy.parked(time.perf_counter_ns())
     mode.counters.note_phase("parked", mode.policy.reason or "pass-through policy")
     if _PARK_LOG.isEnabledFor(logging.DEBUG):

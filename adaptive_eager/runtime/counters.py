@@ -63,19 +63,15 @@ def parked_ops_estimate(c: "Counters") -> tuple[int | None, str]:
     if c.optimizer_steps:  # a training loop: its iterations are its steps
         if steps and c.span_steps:
             per = c.span_step_ops / c.span_steps
-            return round(steps * per), (f"estimated: {_fmt(steps)} optimizer steps while parked "
+            return round(steps * per), (f"estimated: {steps:,} optimizer steps while parked "
                                         f"x {per:,.0f} ops per step, measured on the stack")
         if not steps:
-            return None, (f"{_fmt(reads)} reads while parked inside optimizer steps' spans; "
+            return None, (f"{reads:,} reads while parked inside optimizer steps' spans; "
                           "no step ended while parked")
-        return None, (f"{_fmt(steps)} optimizer steps while parked; no whole step ran on the "
+        return None, (f"{steps:,} optimizer steps while parked; no whole step ran on the "
                       "stack to estimate from")
-    return None, (f"{_fmt(reads)} reads while parked, and no optimizer step: reads say too "
+    return None, (f"{reads:,} reads while parked, and no optimizer step: reads say too "
                   "little about the ops between them to estimate from")
-
-
-def _fmt(n: int) -> str:
-    return f"{n:,}"
 
 
 @dataclass
@@ -190,12 +186,11 @@ class Counters:
             self.reads += 1
         else:
             self.optimizer_steps += 1
-        if parked:
+        if parked:  # no span runs through a park (end_spans)
             if read:
                 self.reads_parked += 1
             else:
                 self.optimizer_steps_parked += 1
-            self.mark_step = self.mark_read = -1
             return
         now = self.ops_captured + self.ops_passthrough
         if read:
@@ -208,6 +203,10 @@ class Counters:
                 self.span_step_ops += now - self.mark_step
                 self.span_steps += 1
             self.mark_step = now
+
+    def end_spans(self) -> None:
+        """The mode parked: no span runs through it."""
+        self.mark_step = self.mark_read = -1
 
     def start_span(self, read: bool) -> None:
         """The mode came back on the stack at a read (``read``) or an optimizer step's end:
