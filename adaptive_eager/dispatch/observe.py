@@ -131,19 +131,10 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
             # Note [The first iteration runs eagerly]: the program's read ends it
             # (torch's own, like an optimizer reading its step count, does not).
             end_warmup(mode, f"{R.OBSERVE}:{name.strip('_')}", user_source(2))
-        if type(args[0]) is not LazyTensor and kind != "scalar":
+        if type(args[0]) is not LazyTensor and kind == "convert":
             # Parked: nothing is pending and no mode of ours is on a stack, so a plain
-            # tensor is read as it is (only what it exports is remembered); suspended,
-            # the reads torch makes inside this one (repr's items) are not counted.
-            if kind == "exposing":
-                with suspended(), warnings_at_user_line():  # Note [Warnings keep the program's line]
-                    out = func(*args, **kwargs)
-                note_export(name, args[0], out)  # Note [Exported memory]
-            elif kind == "copying":
-                with suspended():
-                    out = func(*args, **kwargs)
-            else:
-                out = func(*args, **kwargs)
+            # tensor converts as it is (the other reads below find nothing to flush).
+            out = func(*args, **kwargs)
             safe_point(mode, READ_WEIGHT, True)
             return out
     if kind == "scalar":
