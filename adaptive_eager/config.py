@@ -76,6 +76,32 @@ def _int_parser(minimum: int) -> Callable[[str, Any, str], int]:
     return parse
 
 
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def _parse_bytes(name: str, value: Any, origin: str) -> int:
+    """A size in bytes: an int, or a string such as ``512MiB``, ``2G``; ``auto`` is 0."""
+    out = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        out = value
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        if text == "auto":
+            return 0
+        digits = text.rstrip("kmgib")
+        unit = text[len(digits):]
+        try:
+            if unit in _UNITS and digits:
+                out = int(float(digits) * _UNITS[unit])
+        except ValueError:
+            out = None
+    if out is None or out < 0:
+        raise ConfigError(f"adaptive_eager option {name!r}{origin}: expected a size in bytes "
+                          f"(e.g. 268435456, 256MiB, 1G) or 'auto', got {value!r}")
+    return out
+
+
 def _float_parser(minimum: float) -> Callable[[str, Any, str], float]:
     def parse(name: str, value: Any, origin: str) -> float:
         try:
@@ -199,6 +225,12 @@ _SPECS: dict[str, _Spec] = {
         "compile backend for hot regions: inductor, aot_eager, eager, neuron, or a callable",
     ),
     "window_size": _Spec(256, _int_parser(1), "ops buffered before a window is flushed"),
+    "window_bytes": _Spec(
+        0, _parse_bytes,
+        "a window is flushed once the real tensors it keeps alive that the program dropped "
+        "exceed this many bytes (e.g. 256MiB; 0 or auto: 256 MiB on the CPU, 2% of an "
+        "accelerator's memory); a quarter of it bounds a compiled region's checked first call",
+    ),
     "compile_after": _Spec(2, _int_parser(1), "times a region is seen before it is compiled"),
     "async_compile": _Spec(True, _parse_bool, "compile in a background thread (never stall the program)"),
     "cache_size": _Spec(512, _int_parser(1), "compiled regions kept (LRU)"),
@@ -251,6 +283,7 @@ class Options:
     device: str = _SPECS["device"].default
     backend: Any = _SPECS["backend"].default
     window_size: int = _SPECS["window_size"].default
+    window_bytes: int = _SPECS["window_bytes"].default
     compile_after: int = _SPECS["compile_after"].default
     async_compile: bool = _SPECS["async_compile"].default
     cache_size: int = _SPECS["cache_size"].default

@@ -28,6 +28,7 @@ class R:
     # routine flushes
     EXIT = "exit"
     WINDOW_FULL = "window_full"
+    WINDOW_BYTES = "window_bytes"
     NESTED_ENTER = "nested_enter"
     EXPLICIT_SYNC = "explicit_sync"
     OPTIMIZER_STEP = "optimizer_step"
@@ -85,7 +86,7 @@ class R:
 
 
 # Flushes that are part of normal operation rather than something to fix.
-ROUTINE_REASONS = frozenset({R.EXIT, R.WINDOW_FULL, R.NESTED_ENTER, R.EXPLICIT_SYNC, R.OPTIMIZER_STEP})
+ROUTINE_REASONS = frozenset({R.EXIT, R.WINDOW_FULL, R.WINDOW_BYTES, R.NESTED_ENTER, R.EXPLICIT_SYNC, R.OPTIMIZER_STEP})
 # Fusion's cost model said no: normal, not a fallback to report.
 COST_REASONS = frozenset({R.TOO_SMALL, R.NOT_WORTH_IT, R.NOTHING_TO_FUSE})
 # The ATen ops that are syncs by nature, and what their sync is called (reported under
@@ -154,6 +155,9 @@ ADVICE: dict[str, str] = {
               "on real tensors; call it once, outside the hot loop",
     "window_full": "routine: the window reached window_size ops (raise ADAPTIVE_EAGER_WINDOW_SIZE "
                    "if regions are cut too often)",
+    "window_bytes": "routine: the window kept alive more bytes the program had dropped than "
+                    "window_bytes allows (Note [A byte budget per window]); raise "
+                    "ADAPTIVE_EAGER_WINDOW_BYTES if memory allows and regions are cut too often",
     "exit": "routine: end of an adaptive_eager block",
     "optimizer_step": "routine: an optimizer step ends its window, so windows line up with "
                       "iterations and recur",

@@ -152,8 +152,8 @@ class Flushing:
             # Note [Recurring windows are matched, not recorded]: offered from its second sighting, a trace from its third
             if at is not None:
                 made = [nd.made for nd in at.path()]
-            if made is not None and result.key is not None:
-                self.traces.add(window, made, sids, result.key, storage_groups(window))
+            if made is not None and result.key is not None and result.groups is not None:
+                self.traces.add(window, made, sids, result.key, result.groups)
         if sliced is not None:
             rec.adopt(values, errors)
         if error is not None:

@@ -37,6 +37,7 @@ from ..config import Options
 from ..fusion.policy import fixed_shape_call, without_dropout
 from ..reasons import STRICT_FALLBACKS, SYNC_OPS, R, StrictModeError
 from ..runtime import Counters, DeferPolicy, Executor
+from ..runtime.memory import window_budget
 from .dynamo import dynamo_aware
 from .exported import Exported
 from .flush import Flushing
@@ -100,6 +101,7 @@ class AdaptiveEagerMode(Flushing, TorchDispatchMode):
         # asked before each new window. None: always defer.
         self.policy = policy if policy is not None else DeferPolicy(enabled=False)
         self.device_type = options.device
+        self.window_budget = window_budget(options)  # Note [A byte budget per window]
         self.table = table if table is not None else OpTable()
         self._traits = self.table._traits  # read-only fast path; OpTable fills it
         self._should_defer = self.policy.should_defer  # hot: asked on every torch call
@@ -141,6 +143,8 @@ class AdaptiveEagerMode(Flushing, TorchDispatchMode):
             if out is not MISS:
                 if nd.full:
                     self.flush(R.WINDOW_FULL)
+                elif not len(rec.nodes) & 15:
+                    self._check_bytes()
                 return out
         kwargs = kwargs or {}
         if _get_infra_mode(_FAKE) is not None:
@@ -222,6 +226,8 @@ class AdaptiveEagerMode(Flushing, TorchDispatchMode):
                     self._note_source(func)
                 if rec.at.full:
                     self.flush(R.WINDOW_FULL)
+                elif not len(rec.nodes) & 15:
+                    self._check_bytes()
                 return out
         try:
             out = rec.record(func, traits, args, kwargs)
@@ -236,9 +242,22 @@ class AdaptiveEagerMode(Flushing, TorchDispatchMode):
         self.counters.ops_captured += 1
         if traits.want_source:
             self._note_source(func)
-        if len(self.recorder) >= self.options.window_size:
+        n = len(rec.nodes)
+        if n >= self.options.window_size:
             self.flush(R.WINDOW_FULL)
+        elif not n & 15:
+            self._check_bytes()
         return out
+
+    def _check_bytes(self) -> None:
+        """Flush when the window holds more bytes the program dropped than the budget
+        allows (Note [A byte budget per window], runtime/memory.py); every 16 ops."""
+        held = self.recorder.dropped_bytes()
+        counters = self.counters
+        if held > counters.window_peak_bytes:
+            counters.window_peak_bytes = held
+        if held > self.window_budget:
+            self.flush(R.WINDOW_BYTES)
 
     def _fallback(self, func: Any, reason: str) -> None:
         source = user_source(3)

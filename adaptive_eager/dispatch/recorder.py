@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from typing import Any, Mapping
@@ -52,6 +53,9 @@ _TensorBase = torch._C.TensorBase  # isinstance against the C base is fast
 
 # Slices longer than this flush everything instead (Note [Partial flush]).
 _MAX_SLICE = 8
+
+
+_UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
 
 
 def _storage_id(t: torch.Tensor) -> int | None:
@@ -467,6 +471,28 @@ class Recorder:
             return None
         return results if mr.structure == "list" else tuple(results)
 
+    def dropped_bytes(self) -> int:
+        """Bytes of real inputs that only this window keeps alive: the program dropped them
+        (Note [A byte budget per window], runtime/memory.py). Storages count once."""
+        held: dict[int, int] = {}  # storage -> its bytes, or -1 once the program holds a view of it
+        H = self.H
+        getrefcount = sys.getrefcount
+        inputs = self.inputs
+        for vid in inputs:  # not items(): its reused pair would hold one more reference
+            t = inputs[vid]
+            try:  # TensorBase's: not the read wrapper of observe.py
+                st = _UNTYPED_STORAGE(t)
+            except (RuntimeError, NotImplementedError):  # no storage (a wrapper)
+                continue
+            ptr = st.data_ptr()
+            # References of ours: self.inputs, H (matched inputs), the loop variable and
+            # getrefcount's argument.
+            if getrefcount(t) > (4 if H.get(vid) is t else 3):
+                held[ptr] = -1
+            elif held.get(ptr, 0) >= 0:
+                held[ptr] = st.nbytes()
+        return sum(n for n in held.values() if n > 0)
+
     def holds(self, t: torch.Tensor) -> bool:
         """Whether real tensor ``t`` is an input of the open window."""
         return id(t) in self._input_ids
@@ -486,7 +512,7 @@ class Recorder:
         window = Window(
             inputs=self.inputs, nodes=tuple(self.nodes), specs=specs,
             outputs=frozenset(h._ae_vid for h in live), alias_root=self.alias_root,
-            reason=reason, source=source, opened_ns=self.opened_ns,
+            reason=reason, source=source, opened_ns=self.opened_ns, owned=True,
         )
         self._reset()
         return window, live
@@ -522,7 +548,7 @@ class Recorder:
         window = Window(
             inputs={v: t for v, t in self.inputs.items() if v in read}, nodes=tuple(sliced),
             specs=self.specs, outputs=frozenset(outputs), alias_root=dict(self.alias_root),
-            reason=reason, source=source,
+            reason=reason, source=source, owned=True,
         )
         self.nodes = rest
         return window, live

@@ -177,9 +177,18 @@ class Progress:
         self.done: list[int] = []
         self.at = -1
 
-    def start(self, inputs: Mapping[int, Any]) -> dict[int, Any]:
-        """A fresh env holding ``inputs``, recorded as this run's (progress reset)."""
+    def start(self, inputs: dict[int, Any], take: bool = False) -> dict[int, Any]:
+        """A fresh env holding ``inputs``, recorded as this run's (progress reset).
+
+        ``take``: the run owns the input tensors from here (``Window.start_run``): the
+        values of ``inputs`` become None (its ids stay), so that an input the program
+        dropped is freed at its last use in the run (Note [Replay frees at last use],
+        fusion/liveness.py).
+        """
         env = self.env = dict(inputs)
+        if take:
+            for k in inputs:
+                inputs[k] = None
         self.done = []
         self.at = -1
         return env
@@ -193,7 +202,10 @@ class Window:
     values outside it are intermediates that need never be materialized. Inputs
     listed in some node's ``mutates`` must be updated in place by whoever runs the
     window. ``alias_root`` maps a value produced by a view op to the value whose
-    storage it shares (absent: the value is its own root).
+    storage it shares (absent: the value is its own root). ``owned``: the window is run
+    once and its run takes the input tensors (:meth:`start_run`; the recorder's windows):
+    after the run starts, ``inputs`` keeps only their ids, so a dead input is freed at
+    its last use (Note [Replay frees at last use], fusion/liveness.py).
     """
 
     inputs: Mapping[int, torch.Tensor]
@@ -205,6 +217,11 @@ class Window:
     source: str | None = None
     opened_ns: int = 0  # perf_counter_ns() when its first op was recorded (0: unknown)
     progress: Progress = field(default_factory=Progress, compare=False, repr=False)
+    owned: bool = False
+
+    def start_run(self) -> dict[int, Any]:
+        """Start a run: the env holding the inputs (``Progress.start``)."""
+        return self.progress.start(self.inputs, take=self.owned)  # type: ignore[arg-type]
 
     def mutated_inputs(self) -> frozenset[int]:
         """Ids of real input tensors (or views of them) written by some node."""

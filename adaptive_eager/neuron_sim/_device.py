@@ -84,6 +84,27 @@ class NeuronDeviceModule:
             return None
 
     @staticmethod
+    def memory_allocated(device: int | str | torch.device | None = None) -> int:
+        """Bytes held by live neuron tensors (``neuron_sim._memory``), as ``torch.cuda``'s."""
+        from ._memory import memory_allocated
+
+        return memory_allocated(device)
+
+    @staticmethod
+    def max_memory_allocated(device: int | str | torch.device | None = None) -> int:
+        """The most bytes held at once since ``reset_peak_memory_stats()``."""
+        from ._memory import max_memory_allocated
+
+        return max_memory_allocated(device)
+
+    @staticmethod
+    def reset_peak_memory_stats(device: int | str | torch.device | None = None) -> None:
+        """Start the peak from what is held now."""
+        from ._memory import reset_peak_memory_stats
+
+        reset_peak_memory_stats(device)
+
+    @staticmethod
     def synchronize(device: int | str | torch.device | None = None) -> None:
         """Kernels run synchronously on the host: nothing to wait for."""
 

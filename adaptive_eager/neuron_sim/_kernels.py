@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from . import _dlpack
+from . import _dlpack, _memory
 from ._device import check_device_index
 from ._launch import record_launch
 from ._names import DEVICE_TYPE
@@ -75,7 +75,7 @@ def from_cpu(t: torch.Tensor) -> torch.Tensor:
     """
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
-    return _dlpack.retarget(t, _dlpack.KDL_EXT_DEV)
+    return _memory.track(_dlpack.retarget(t, _dlpack.KDL_EXT_DEV))
 
 
 def _is_neuron(x: Any) -> bool:

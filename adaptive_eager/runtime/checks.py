@@ -117,6 +117,47 @@ def indices_in_range(args: Sequence[Any], checks: Sequence[tuple[int, Sequence[t
     return True
 
 
+def bits_hash(t: torch.Tensor) -> int:
+    """A hash of ``t``'s elements' bits (xor of each, upcast: ``torch.hash_tensor``): an
+    element written with other bits changes it but for a 2**-64 chance; a permutation of
+    the elements does not."""
+    if t.numel() == 0:
+        return 0
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    return int(torch.hash_tensor(t).view(torch.int64))
+
+
+def summary(t: torch.Tensor) -> tuple:
+    """What a lean check compares of an output (Note [The first compiled call runs on
+    copies], runtime/compiled.py): its metadata, and for floating values the sum and the
+    sum of magnitudes of its finite elements (in float64) and its NaN and infinity counts;
+    other dtypes by :func:`bits_hash`."""
+    meta = (tuple(t.shape), t.dtype)
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if not t.dtype.is_floating_point:
+        return meta + (bits_hash(t),)
+    finite = torch.isfinite(t)
+    x = torch.where(finite, t, 0).to(torch.float64)
+    nan = int(torch.isnan(t).sum())
+    return meta + (float(x.sum()), float(x.abs().sum()), nan, int(t.numel() - nan - finite.sum()))
+
+
+def summaries_close(a: tuple, b: tuple, rtol: float = 1e-3) -> bool:
+    """Whether two :func:`summary` results agree (floating sums within ``rtol`` of the
+    magnitude; everything else exactly)."""
+    if len(a) != len(b) or a[:2] != b[:2]:
+        return False
+    if len(a) == 3:
+        return a[2] == b[2]
+    scale = max(a[3], b[3]) + 1e-30
+    return abs(a[2] - b[2]) <= rtol * scale and abs(a[3] - b[3]) <= rtol * scale \
+        and a[4:] == b[4:]
+
+
 def clone_strided(t: torch.Tensor) -> torch.Tensor:
     """A copy with ``t``'s strides (clone() may make non-dense layouts contiguous)."""
     try:
@@ -126,5 +167,5 @@ def clone_strided(t: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["close", "meta_problem", "outputs_match", "same_bits", "inputs_intact", "aliases_any",
-           "indices_in_range",
+           "indices_in_range", "bits_hash", "summary", "summaries_close",
            "clone_strided"]

@@ -51,15 +51,18 @@ from .windows import NOVEL, UNPAYING, WindowHistory, WindowLog, judge, route
 from ..fusion.fxgraph import lower
 from ..fusion.graph import storage_groups
 from ..fusion.ir import Window
+from ..fusion.liveness import release_after, replay_peak
 from ..fusion.partition import Partition, Region, partition
 from ..fusion.policy import DefaultCost, SupportPolicy
 from ..fusion.scalars import lift_rule, lifted_dtype, scalar_dtype
 from ..fusion.signature import miss_cause, outline, window_key
 from .backends import backend_support, for_device, get_backend, is_debugging
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
-from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact, outputs_match
+from .checks import (aliases_any, bits_hash, clone_strided, indices_in_range, inputs_intact,
+                     outputs_match, summaries_close, summary)
 from .compiler import CompileService
 from .counters import Counters
+from .memory import window_budget
 from .executor import FlushResult, Known, Verdict, replay_guard, run_nodes
 from .replay import EagerReplay
 from ..reasons import COST_REASONS as _COST_REASONS
@@ -81,14 +84,20 @@ class Step:
     index_checks: tuple[tuple[int, tuple[tuple[int, int, int | None], ...]], ...] = ()
     # Its eager replay, generated at its second eager run (Note [Generated eager replay])
     replay: EagerReplay | None = field(default=None, compare=False)
+    # Note [Replay frees at last use] (fusion/liveness.py): node index -> the ids dropped
+    # after it, for the step's nodes; ``drop``: all of them, dropped once the step is done.
+    release: Mapping[int, tuple[int, ...]] = field(default_factory=dict, compare=False)
+    drop: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What a window key maps to: the steps and whether anything in it is fusible."""
+    """What a window key maps to: the steps, whether anything in it is fusible, and the
+    most bytes its run holds at once with every step replayed eagerly (from the specs)."""
 
     steps: tuple[Step, ...]
     worth: bool
+    peak_bytes: int = 0
 
 
 _set_versions = torch._C._autograd._unsafe_set_version_counter
@@ -135,6 +144,8 @@ class CompiledExecutor:
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
+        # Note [The first compiled call runs on copies]: larger first calls are checked lean.
+        self.check_bytes = window_budget(options) // 4
         # Note [One history per window key] (runtime/windows.py): plan, first sighting and
         # measured times of a window key live in one entry, evicted together.
         self.windows = WindowLog(max(256, 4 * options.cache_size))
@@ -161,11 +172,11 @@ class CompiledExecutor:
         n_ops = len(window.nodes)
         how = route(history, n_ops, self.options, self.demote)
         if how == UNPAYING:
-            return self._run_unpaying(window, history, key), None
+            return self._run_unpaying(window, history, key, groups), None
         if how == NOVEL:
             if _MISS_LOG.isEnabledFor(logging.DEBUG):
                 self._log_miss(window)  # a new window, not the second sighting of one
-            return self._run_novel(window, self.windows.entry(key), key, recurred), None
+            return self._run_novel(window, self.windows.entry(key), key, recurred, groups), None
         if history is None:
             history = self.windows.entry(key)
         first = history.plan is None
@@ -180,18 +191,22 @@ class CompiledExecutor:
                     if step.region.fused:
                         self.cache.entry(step.region.key).seen += 1
         plan = history.plan
-        env = window.progress.start(window.inputs)
+        env = window.start_run()
         worth = False
         compiled_before = self.counters.compiled_calls
         t0 = time.perf_counter_ns()
+        pop = env.pop
         with replay_guard():
             for step in plan.steps:
                 region = step.region
                 if region.fused:
                     worth |= self._run_fused(window, step, env, floats)
                 else:
-                    self._run_eager(window, region, env, step, floats)
+                    self._run_eager(window, step, env, floats)
+                for v in step.drop:
+                    pop(v, None)
         t1 = time.perf_counter_ns()
+        self.counters.note_replay_bytes(plan.peak_bytes)
         if first and history.eager_ns is None:  # unplanned, all eager: its time is eager's
             history.eager_ns = t1 - t0
         compiling = any(s.region.fused and self.cache.entry(s.region.key).state == COMPILING
@@ -199,7 +214,7 @@ class CompiledExecutor:
         ran_compiled = self.counters.compiled_calls > compiled_before
         verdict = judge(history, n_ops, worth, ran_compiled, compiling, t1, window.opened_ns,
                         self.options.async_compile, t1 - t0)
-        return (FlushResult({vid: env[vid] for vid in window.outputs}, verdict, key, recurred),
+        return (FlushResult({vid: env[vid] for vid in window.outputs}, verdict, key, recurred, groups),
                 history.eager_ns if ran_compiled else None)
 
     def close(self) -> None:
@@ -216,7 +231,7 @@ class CompiledExecutor:
                         window.reason, window.source, cause)
 
     def _run_novel(self, window: Window, history: WindowHistory, key: Any,
-                   recurred: bool) -> FlushResult:
+                   recurred: bool, groups: Mapping[int, int]) -> FlushResult:
         """A first sighting: replayed eagerly and timed (Note [First sightings are not
         planned], runtime/windows.py)."""
         values, capture_ns, eager_ns = self._replay_timed(window)
@@ -226,28 +241,31 @@ class CompiledExecutor:
         reshaped = self.windows.reshaped(ops)
         return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped,
                                            eager_ns=eager_ns, capture_ns=capture_ns),
-                           key, recurred)
+                           key, recurred, groups)
 
     def _replay_timed(self, window: Window) -> tuple[dict[int, torch.Tensor], int | None, int]:
         """Run every node eagerly: (outputs, capture time or None, eager time), in ns."""
-        env = window.progress.start(window.inputs)
+        order = range(len(window.nodes))
+        release = release_after(window.nodes, order, window.outputs)
+        env = window.start_run()
         t0 = time.perf_counter_ns()
         with replay_guard():
-            run_nodes(window, range(len(window.nodes)), env)
+            run_nodes(window, order, env, release)
         eager_ns = time.perf_counter_ns() - t0
         self.counters.ops_eager += len(window.nodes)
         self.counters.eager_replay_ns += eager_ns
         capture_ns = t0 - window.opened_ns if window.opened_ns else None
         return {vid: env[vid] for vid in window.outputs}, capture_ns, eager_ns
 
-    def _run_unpaying(self, window: Window, history: WindowHistory, key: Any) -> FlushResult:
+    def _run_unpaying(self, window: Window, history: WindowHistory, key: Any,
+                      groups: Mapping[int, int]) -> FlushResult:
         """A window whose capture cannot pay (Note [Windows that cannot pay for their
         capture are not compiled], runtime/windows.py): replayed and timed again (the first
         sighting's capture ran metadata kernels cold), never planned."""
         values, capture_ns, ran_ns = self._replay_timed(window)
         history.timed(ran_ns, capture_ns if history.capture_ns is not None else None)
         return FlushResult(values, Verdict(len(window.nodes), eager_ns=ran_ns, capture_ns=capture_ns),
-                           key, True)
+                           key, True, groups)
 
     # -- planning -------------------------------------------------------------------
     def _plan(self, window: Window, groups: Mapping[int, int]) -> Plan:
@@ -257,6 +275,8 @@ class CompiledExecutor:
             rule = lift_rule(node, window.specs) if node.args else None
             if rule is not None:
                 index[i] = len(index)
+        order = [i for region in part.steps for i in region.nodes]
+        release = release_after(window.nodes, order, window.outputs)
         steps = []
         for region in part.steps:
             slots = tuple((index[i], scalar_dtype(lifted_dtype(window.nodes[i], window.specs)))
@@ -264,19 +284,22 @@ class CompiledExecutor:
             mutated = tuple(j for j, v in enumerate(region.inputs) if v in region.mutated)
             lifted = {i: (index[i], lift_rule(window.nodes[i], window.specs).where)
                       for i in region.nodes if i in index}
+            mine = {i: release[i] for i in region.nodes if i in release}
             steps.append(Step(region, slots, mutated, _by_input(region),
-                              EagerReplay(region.nodes, region.outputs, lifted)))
-        return Plan(tuple(steps), any(r.fused for r in part.steps))
+                              EagerReplay(region.nodes, region.outputs, lifted, mine), mine,
+                              tuple(v for vs in mine.values() for v in vs)))
+        return Plan(tuple(steps), any(r.fused for r in part.steps),
+                    replay_peak(window, order))
 
     # -- running --------------------------------------------------------------------
-    def _run_eager(self, window: Window, region: Region, env: dict, step: Step | None = None,
-                   floats: list | None = None) -> None:
+    def _run_eager(self, window: Window, step: Step, env: dict, floats: list) -> None:
+        region = step.region
         t0 = time.perf_counter_ns()
         if _profiling():
             with torch.profiler.record_function("adaptive_eager.eager_replay"):
-                run_nodes(window, region.nodes, env)
-        elif step is None or step.replay is None or not step.replay.run(window, env, floats):
-            run_nodes(window, region.nodes, env)
+                run_nodes(window, region.nodes, env, step.release)
+        elif step.replay is None or not step.replay.run(window, env, floats):
+            run_nodes(window, region.nodes, env, step.release)
         self.counters.eager_replay_ns += time.perf_counter_ns() - t0
         self.counters.ops_eager += len(region.nodes)
         if not region.fused and region.reason not in _COST_REASONS:
@@ -294,7 +317,7 @@ class CompiledExecutor:
             window.progress.done.extend(region.nodes)
             return True
         if entry.state == EAGER_ONLY:
-            self._run_eager(window, region, env, step, floats)
+            self._run_eager(window, step, env, floats)
             return False
         self.counters.cache_misses += 1
         if entry.state == COMPILING:
@@ -308,7 +331,7 @@ class CompiledExecutor:
                     window.progress.done.extend(region.nodes)
                     return True
         t0 = time.perf_counter_ns()
-        self._run_eager(window, region, env, step, floats)
+        self._run_eager(window, step, env, floats)
         if len(entry.eager_ns) < _TIMED_CALLS:
             entry.eager_ns.append(time.perf_counter_ns() - t0)
         return entry.state != EAGER_ONLY
@@ -339,10 +362,10 @@ class CompiledExecutor:
         if step.index_checks and not indices_in_range(args, step.index_checks):
             # Note [Compiled code never sees an index eager would reject]: eager raises
             # its own error (or computes, where a range is stricter than eager's).
-            self._run_eager(window, region, env)
+            self._run_eager(window, step, env, floats)
             return
         if not entry.checked:
-            self._first_call(window, region, entry, env, args)
+            self._first_call(window, step, entry, env, args, floats)
             return
         written = [args[j] for j in step.mutated if not args[j].is_inference()]
         versions = [t._version for t in written]
@@ -364,7 +387,7 @@ class CompiledExecutor:
                 self.compiler.fail(entry, reason, stays_correct=False)
                 raise
             self.compiler.fail(entry, reason)
-            self._run_eager(window, region, env)
+            self._run_eager(window, step, env, floats)
             return
         if written:
             # Note [Version counters of written inputs]
@@ -398,34 +421,98 @@ class CompiledExecutor:
     # region that writes no input, returns no view of one and passed every check binds
     # the compiled results of this call; the others run eagerly this once. The copies
     # cost each region's inputs once, in memory and time, at its first compiled call.
-    def _first_call(self, window: Window, region: Region, entry: RegionEntry, env: dict,
-                    args: list) -> bool:
+    # That is a spike above eager's peak (a GPT step's regions copied its activations and
+    # held compiled and eager outputs at once: 2x eager's peak, ``python -m
+    # benchmarks.memory``), so a region whose inputs and outputs come to more than a
+    # quarter of the window budget (Note [A byte budget per window], runtime/memory.py)
+    # gets a lean check instead: only the inputs it writes are copied; those it only
+    # reads are handed as they are and hashed before and after (``checks.bits_hash``);
+    # its outputs are checked against the specs, summarized (``checks.summary``: sums,
+    # magnitudes, NaN and infinity counts) and dropped before the eager run, whose
+    # results the program keeps and the summaries are compared with. A lean check
+    # catches a wrong kernel but not a difference in a few last bits, and an input it
+    # only reads that the compiled code wrote cannot be put back: the region goes
+    # eager-only and the flush raises CompiledCodeWroteInput once the window is done.
+    def _first_call(self, window: Window, step: Step, entry: RegionEntry, env: dict,
+                    args: list, floats: list) -> bool:
         """Check the artifact once, on copies (Note [The first compiled call runs on copies]).
 
         True when the compiled results were bound; False when the region ran eagerly.
         """
         entry.checked = True
+        region = step.region
+        size = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        size += sum(_spec_bytes(window.specs[v]) for v in region.outputs)
+        if size > self.check_bytes:
+            return self._first_call_lean(window, step, entry, env, args, floats)
         copies = [clone_strided(a) if isinstance(a, torch.Tensor) else a for a in args]
         try:
             outs = entry.fn(*copies)
         except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
             self.compiler.fail(entry, f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}")
-            self._run_eager(window, region, env)
+            self._run_eager(window, step, env, floats)
             return False
+        region = step.region
         problem = outputs_match(window, region, outs, None, None, None) or \
             inputs_intact(region, args, copies)
         if problem is None and not self.options.verify_compiled and not region.mutated \
                 and not aliases_any(outs, copies):
             self._bind(region, env, outs)
             return True
+        written = {v: env[v] for v in region.mutated}  # its run may drop the dead ones
         t0 = time.perf_counter_ns()
-        self._run_eager(window, region, env)
+        self._run_eager(window, step, env, floats)
         entry.eager_ns.append(time.perf_counter_ns() - t0)
         if problem is None and self.options.verify_compiled:
             ref = [env[v] for v in region.outputs]
-            problem = outputs_match(window, region, outs, ref, copies, env)
+            problem = outputs_match(window, region, outs, ref, copies, written)
         if problem is not None:
             self.compiler.fail(entry, f"{R.COMPILED_OUTPUTS_DIFFER}: {problem}")
+        return False
+
+    def _first_call_lean(self, window: Window, step: Step, entry: RegionEntry, env: dict,
+                         args: list, floats: list) -> bool:
+        """The lean check of a large region's first call (Note [The first compiled call
+        runs on copies]); its eager run's results are the ones bound (False)."""
+        region = step.region
+        written = set(step.mutated)
+        hashes = {j: bits_hash(a) for j, a in enumerate(args)
+                  if j not in written and isinstance(a, torch.Tensor)}
+        call = [clone_strided(a) if j in written else a for j, a in enumerate(args)]
+        problem = None
+        sums = None
+        try:
+            outs = entry.fn(*call)
+        except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
+            problem = f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}"
+        else:
+            problem = outputs_match(window, region, outs, None, None, None)
+            if problem is None and self.options.verify_compiled:
+                sums = [summary(o) for o in outs]
+                sums_written = [summary(call[j]) for j in step.mutated]
+            del outs
+        del call
+        changed = [region.inputs[j] if j < len(region.inputs) else f"scalar {j}"
+                   for j, h in hashes.items() if bits_hash(args[j]) != h]
+        if changed:
+            reason = f"{R.COMPILED_OUTPUTS_DIFFER}: the compiled code wrote inputs it only reads ({changed})"
+            self.compiler.fail(entry, reason, stays_correct=False)
+            raise CompiledCodeWroteInput(reason)
+        t0 = time.perf_counter_ns()
+        self._run_eager(window, step, env, floats)
+        entry.eager_ns.append(time.perf_counter_ns() - t0)
+        if problem is None and sums is not None:
+            ref = [summary(env[v]) for v in region.outputs]
+            ref_written = [summary(args[j]) for j in step.mutated]
+            bad = [v for v, a, b in zip(region.outputs, sums, ref) if not summaries_close(a, b)]
+            bad += [region.inputs[j] for j, a, b in zip(step.mutated, sums_written, ref_written)
+                    if not summaries_close(a, b)]
+            if bad:
+                problem = f"values {bad} differ from eager's (lean check of a large region)"
+        if problem is not None:
+            if not problem.startswith(R.COMPILED_CALL_FAILED):
+                problem = f"{R.COMPILED_OUTPUTS_DIFFER}: {problem}"
+            self.compiler.fail(entry, problem)
         return False
 
     def _maybe_demote(self, entry: RegionEntry) -> None:
@@ -435,4 +522,18 @@ class CompiledExecutor:
             self.compiler.fail(entry, f"{R.DEMOTED}: compiled not faster than eager", "demotions")
 
 
-__all__ = ["CompiledExecutor", "Plan", "Step"]
+class CompiledCodeWroteInput(BaseException):
+    """A compiled region's first call wrote an input it only reads, too large to have been
+    copied (Note [The first compiled call runs on copies]): the program's data is not what
+    eager would hold. A BaseException, as an interrupt is: the window is finished, then it
+    is raised at the flush."""
+
+
+def _spec_bytes(spec: Any) -> int:
+    n = spec.dtype.itemsize
+    for d in spec.shape:
+        n *= d
+    return n
+
+
+__all__ = ["CompiledExecutor", "CompiledCodeWroteInput", "Plan", "Step"]

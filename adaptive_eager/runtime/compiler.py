@@ -133,6 +133,9 @@ class _DaemonThread:
                 fut.set_result(fn(*args))
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits on it
                 fut.set_exception(e)
+            # The job's arguments (a graph and its example inputs: a region's worth of
+            # memory) go now, not when the next job replaces them.
+            del job, fut, fn, args
 
     def shutdown(self) -> None:
         """Cancel queued calls and let the thread end after the current one."""

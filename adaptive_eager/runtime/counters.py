@@ -135,6 +135,12 @@ class Counters:
     span_reads: int = 0
     mark_step: int = -1
     mark_read: int = -1
+    # Memory (Note [Replay frees at last use], fusion/liveness.py; Note [A byte budget per
+    # window], dispatch/recorder.py): the most bytes a window's replay held at once
+    # (estimated from its specs, freeing at last use), the most bytes of real tensors a
+    # window kept alive that the program had dropped, and windows flushed for that.
+    replay_peak_bytes: int = 0
+    window_peak_bytes: int = 0
     fast_ops: int = 0             # of ops_captured, those matched against a recurring window's trace
     trace_mismatches: Counter = field(default_factory=Counter)  # "op at line" -> windows that diverged there
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -170,6 +176,11 @@ class Counters:
             self.compared_windows += 1
             self.compared_eager_ns += eager_ns
             self.compared_run_ns += ran
+
+    def note_replay_bytes(self, n: int) -> None:
+        """A replay held at most ``n`` bytes at once."""
+        if n > self.replay_peak_bytes:
+            self.replay_peak_bytes = n
 
     def note_phase(self, phase: str, why: str) -> None:
         """The runtime's phase changed (Note [Counting while passing through])."""

@@ -37,6 +37,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..fusion.ir import OpNode, Window, map_refs
+from ..fusion.liveness import release_after
 
 _K = torch._C.DispatchKey
 _AUTOCAST_KEYS = torch._C.DispatchKeySet(_K.AutocastCPU)
@@ -82,16 +83,40 @@ def run_node(node: OpNode, env: dict[int, torch.Tensor]) -> None:
             env[vid] = t
 
 
-def run_nodes(window: Window, indices: Iterable[int], env: dict[int, torch.Tensor]) -> None:
-    """Run ``window.nodes[i]`` for each ``i`` in order, recording ``window.progress``."""
+def run_nodes(window: Window, indices: Iterable[int], env: dict[int, torch.Tensor],
+              release: Mapping[int, tuple[int, ...]] | None = None) -> None:
+    """Run ``window.nodes[i]`` for each ``i`` in order, recording ``window.progress``.
+
+    ``release``: node index -> value ids dropped from ``env`` right after it (Note
+    [Replay frees at last use], fusion/liveness.py); None keeps every value.
+    """
     nodes = window.nodes
     progress = window.progress
     done = progress.done
-    for i in indices:
-        progress.at = i
-        run_node(nodes[i], env)
-        done.append(i)
+    if release is None:
+        for i in indices:
+            progress.at = i
+            run_node(nodes[i], env)
+            done.append(i)
+    else:
+        pop = env.pop
+        for i in indices:
+            progress.at = i
+            run_node(nodes[i], env)
+            done.append(i)
+            for v in release.get(i, ()):
+                pop(v, None)
     progress.at = -1
+
+
+def run_window(window: Window) -> dict[int, torch.Tensor]:
+    """Run every node of ``window`` in order, freeing each value after its last use;
+    its live outputs (``{value id: tensor}``)."""
+    env = window.start_run()
+    with replay_guard():
+        run_nodes(window, range(len(window.nodes)), env,
+                  release_after(window.nodes, range(len(window.nodes)), window.outputs))
+    return {vid: env[vid] for vid in window.outputs}
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +145,16 @@ class FlushResult:
     """``Executor.run``'s answer: the live values, and the verdict on the window.
 
     ``key``: the window's key (a ``fusion.signature.Key``) when the executor keys windows,
-    else None; ``recurred``: that key had been seen before this run.
+    else None; ``recurred``: that key had been seen before this run; ``groups``: the
+    storage groups of its inputs the key was made with (``fusion.graph.storage_groups``,
+    taken before the run: a run frees the inputs it owns, Window.start_run).
     """
 
     values: Mapping[int, torch.Tensor]
     verdict: Verdict
     key: Any = None
     recurred: bool = False
+    groups: Mapping[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,20 +184,16 @@ class Executor(Protocol):
 class EagerExecutor:
     """Replays a window op by op, as eager would have run it.
 
-    NB: the environment keeps every intermediate until the window is done, so a
-    window's peak memory can exceed eager's, which frees dead values op by op.
-    Windows are bounded (``window_size``); freeing at last use is not done yet.
+    Each value is dropped after its last use (Note [Replay frees at last use],
+    fusion/liveness.py), as eager frees it.
     """
 
     def run(self, window: Window, known: Known | None = None) -> FlushResult:
-        env = window.progress.start(window.inputs)
-        with replay_guard():
-            run_nodes(window, range(len(window.nodes)), env)
-        return FlushResult({vid: env[vid] for vid in window.outputs}, Verdict(len(window.nodes)))
+        return FlushResult(run_window(window), Verdict(len(window.nodes)))
 
     def close(self) -> None:
         pass
 
 
 __all__ = ["Executor", "EagerExecutor", "FlushResult", "Known", "Verdict", "replay_guard", "run_node",
-           "run_nodes"]
+           "run_nodes", "run_window"]

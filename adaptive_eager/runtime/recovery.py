@@ -77,7 +77,7 @@ def finish(window: Window, error: BaseException | None,
     progress = window.progress
     env = progress.env
     if env is None:
-        env = progress.start(window.inputs)
+        env = window.start_run()
     done = set(progress.done)
     bad: dict[int, BaseException] = dict(failed or {})
     first: BaseException | None = None

@@ -41,6 +41,7 @@ import torch
 from ..fusion.ir import ValueRef, Window
 
 _OpOverload = torch._ops.OpOverload
+_NONE: Mapping[int, tuple[int, ...]] = {}
 
 
 class Unsupported(Exception):
@@ -48,15 +49,19 @@ class Unsupported(Exception):
 
 
 def generate(window: Window, nodes: tuple[int, ...], outputs: tuple[int, ...],
-             lifted: Mapping[int, tuple[int, int | str]]) -> Callable[[dict, list, Any], None]:
+             lifted: Mapping[int, tuple[int, int | str]],
+             release: Mapping[int, tuple[int, ...]] = _NONE) -> Callable[[dict, list, Any], None]:
     """``replay(env, floats, progress)`` running ``window.nodes[i]`` for ``i`` in ``nodes``.
 
     ``outputs``: the value ids stored back into ``env``; ``lifted``: node index ->
-    (index in ``floats``, where the node holds its lifted float). Raises Unsupported.
+    (index in ``floats``, where the node holds its lifted float); ``release``: node index
+    -> the value ids dropped (from the locals and ``env``) right after it (Note [Replay
+    frees at last use], fusion/liveness.py). Raises Unsupported.
     """
     ns: dict[str, Any] = {"NODES": nodes}
     lines: list[str] = []
     loaded: set[int] = set()
+    from_env: set[int] = set()
     consts: dict[int, str] = {}
 
     def const(v: Any) -> str:
@@ -69,6 +74,7 @@ def generate(window: Window, nodes: tuple[int, ...], outputs: tuple[int, ...],
     def value(vid: int) -> str:
         if vid not in loaded:
             loaded.add(vid)
+            from_env.add(vid)
             lines.append(f"        v{vid} = env[{vid}]")
         return f"v{vid}"
 
@@ -107,15 +113,21 @@ def generate(window: Window, nodes: tuple[int, ...], outputs: tuple[int, ...],
         fresh = [v for v in outs if v is not None and v not in mutated]
         if not fresh:
             lines.append(f"        {call}")
-            continue
-        if len(outs) == 1:
+        elif len(outs) == 1:
             lines.append(f"        v{outs[0]} = {call}")
         else:
             lines.append(f"        r = {call}")
             for j, vid in enumerate(outs):
                 if vid is not None and vid not in mutated:
                     lines.append(f"        v{vid} = r[{j}]")
+            lines.append("        del r")
         loaded.update(fresh)
+        for vid in release.get(i, ()):
+            if vid in loaded and vid not in outputs:
+                loaded.discard(vid)
+                lines.append(f"        del v{vid}")
+                if vid in from_env:
+                    lines.append(f"        env.pop({vid}, None)")
     body = ["def replay(env, F, progress):", "    n = 0", "    try:"]
     body += lines or ["        pass"]
     body += [
@@ -140,13 +152,15 @@ class EagerReplay:
     """One step's generated replay, made at the step's second run (Note [Generated eager
     replay]); shared by every run of its plan (in any thread: it holds no run's state)."""
 
-    __slots__ = ("nodes", "outputs", "lifted", "runs", "fn")
+    __slots__ = ("nodes", "outputs", "lifted", "release", "runs", "fn")
 
     def __init__(self, nodes: tuple[int, ...], outputs: tuple[int, ...],
-                 lifted: Mapping[int, tuple[int, int | str]]):
+                 lifted: Mapping[int, tuple[int, int | str]],
+                 release: Mapping[int, tuple[int, ...]] = _NONE):
         self.nodes = nodes
         self.outputs = outputs
         self.lifted = lifted
+        self.release = release  # node index -> ids dropped after it (fusion/liveness.py)
         self.runs = 0
         self.fn: Callable[[dict, list, Any], None] | None = None
 
@@ -160,7 +174,7 @@ class EagerReplay:
         self.runs += 1
         if self.runs == 2:
             try:
-                self.fn = generate(window, self.nodes, self.outputs, self.lifted)
+                self.fn = generate(window, self.nodes, self.outputs, self.lifted, self.release)
             except Unsupported:
                 pass
         return False

@@ -1,0 +1,217 @@
+"""Peak memory, eager against adaptive eager: ``python -m benchmarks.memory``.
+
+Each (workload, mode) runs in a fresh subprocess. The program's state is built first; then
+the process's peak resident set is reset (``/proc/self/clear_refs``, Linux) and the
+workload runs; the row is the peak above the resident set at the start of the run (MiB).
+Large blocks are mmap'd (``MALLOC_MMAP_THRESHOLD_=131072``), so the resident set follows
+the live tensors rather than what glibc's heap keeps cached. On the emulated neuron device
+the row is also the device's own
+``torch.neuron.max_memory_allocated()`` (bytes of device tensors, like CUDA's counter).
+
+Workloads:
+
+* ``gpt``: a GPT training step (4 blocks, d=512, batch 16 x 255, AdamW), one warm-up step
+  then three steps (issue 20's case).
+* ``pointwise``: ``x = x * 1.0001 + 0.0001`` over a 4 MiB tensor, 300 steps, read with
+  ``.item()`` every 50.
+* ``neuron-mlp``: an MLP trained with AdamW on the emulated neuron device, 20 steps
+  (device memory counters).
+
+Modes: ``eager``; ``adaptive`` (default options); ``forced`` (capture forced:
+``adaptive_passthrough=False, warmup=False``, ``backend="eager"``, so nothing compiles
+and every window is replayed); ``forced-aot`` (the same with ``aot_eager`` and
+synchronous compiles: windows run as compiled regions).
+
+Example::
+
+    python -m benchmarks.memory                      # every workload and mode
+    python -m benchmarks.memory --workloads pointwise --modes eager,forced
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Callable
+
+WORKLOADS = ("gpt", "pointwise", "neuron-mlp")
+MODES = ("eager", "adaptive", "forced", "forced-aot")
+_OPTIONS: dict[str, dict[str, Any]] = {
+    "adaptive": {},
+    "forced": {"adaptive_passthrough": False, "warmup": False, "backend": "eager"},
+    "forced-aot": {"adaptive_passthrough": False, "warmup": False, "backend": "aot_eager",
+                   "async_compile": False},
+}
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident set
+
+
+def _gpt() -> tuple[Callable[[], float], Any]:
+    import torch
+
+    from .workloads._gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(vocab=512, d=512, n_layers=4, n_heads=8, max_t=256)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = [torch.randint(0, 512, (16, 256)) for _ in range(4)]
+
+    def step(i: int) -> float:
+        b = data[i % len(data)]
+        x, y = b[:, :-1], b[:, 1:]
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 512), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step, {"warmup": 1, "steps": 3}
+
+
+def _pointwise() -> tuple[Callable[[], float], Any]:
+    import torch
+
+    torch.manual_seed(0)
+    x0 = torch.rand(1 << 20)
+    state = {"x": x0}
+
+    def step(i: int) -> float:
+        x = state["x"]
+        for k in range(50):
+            x = x * 1.0001 + 0.0001
+        state["x"] = x
+        return x[0].item()
+
+    return step, {"warmup": 0, "steps": 6}
+
+
+def _neuron_mlp() -> tuple[Callable[[], float], Any]:
+    import torch
+
+    from adaptive_eager import neuron_sim
+
+    neuron_sim.enable(launch_latency_us=0.0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                                torch.nn.Linear(1024, 1024), torch.nn.GELU(),
+                                torch.nn.Linear(1024, 256)).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = [(torch.randn(512, 256).to("neuron"), torch.randn(512, 256).to("neuron"))
+               for _ in range(4)]
+
+    def step(i: int) -> float:
+        x, y = batches[i % len(batches)]
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step, {"warmup": 2, "steps": 20}
+
+
+_BUILD = {"gpt": _gpt, "pointwise": _pointwise, "neuron-mlp": _neuron_mlp}
+
+
+def run_one(workload: str, mode: str) -> dict[str, Any]:
+    """Run one (workload, mode) in this process: peak MiB above the start, and results."""
+    import contextlib
+
+    import torch
+
+    torch.set_num_threads(1)
+    step, counts = _BUILD[workload]()
+    neuron = workload.startswith("neuron")
+    if mode == "eager":
+        ctx: Any = contextlib.nullcontext()
+    else:
+        import adaptive_eager as ae
+
+        opts = dict(_OPTIONS[mode])
+        if neuron:
+            opts["device"] = "neuron"
+            if "backend" not in opts:
+                opts["backend"] = "aot_eager"  # Inductor's first compile outlasts the run
+        ctx = ae.adaptive_eager(**opts)
+    losses = []
+    with ctx:
+        for i in range(counts["warmup"]):
+            losses.append(step(i))
+        if neuron:
+            torch.neuron.reset_peak_memory_stats()
+            dev_start = torch.neuron.memory_allocated()
+        _reset_peak()
+        start = _status_kib("VmRSS")
+        for i in range(counts["warmup"], counts["warmup"] + counts["steps"]):
+            losses.append(step(i))
+        peak = _status_kib("VmHWM")
+    out: dict[str, Any] = {"workload": workload, "mode": mode, "peak_mib": (peak - start) / 1024,
+                           "losses": losses}
+    if neuron:
+        out["device_peak_mib"] = (torch.neuron.max_memory_allocated() - dev_start) / 2**20
+    if mode != "eager":
+        import adaptive_eager as ae
+
+        st = ae.stats()
+        out["replay_peak_mib"] = getattr(st, "replay_peak_bytes", 0) / 2**20
+        out["fused"] = st.ops_fused
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n")[0])
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--one", nargs=2, metavar=("WORKLOAD", "MODE"), help=argparse.SUPPRESS)
+    p.add_argument("--json", default="", help="write the rows as JSON to this path")
+    a = p.parse_args(argv)
+    if a.one:
+        print("RESULT " + json.dumps(run_one(*a.one)))
+        return 0
+    rows = []
+    for w in a.workloads.split(","):
+        for m in a.modes.split(","):
+            if w not in _BUILD or m not in MODES:
+                p.error(f"unknown workload or mode: {w!r} / {m!r}")
+            # Large blocks mmap'd and returned on free: the resident set follows the live
+            # tensors instead of what glibc's heap keeps cached (its threshold otherwise
+            # grows with the first frees, and a freed tensor stays resident).
+            env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072")
+            r = subprocess.run([sys.executable, "-m", "adaptive_eager.benchmarks.memory", "--one", w, m],
+                               capture_output=True, text=True, env=env)
+            line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if r.returncode != 0 or line is None:
+                print(f"{w:12s} {m:11s} FAILED (rc {r.returncode}): {r.stderr.strip()[-400:]}")
+                continue
+            row = json.loads(line[7:])
+            rows.append(row)
+            base = next((x for x in rows if x["workload"] == w and x["mode"] == "eager"), None)
+            ratio = f"{row['peak_mib'] / base['peak_mib']:.2f}x" if base and base["peak_mib"] > 0 else "-"
+            same = "" if base is None else \
+                ("  losses equal" if row["losses"] == base["losses"] else
+                 f"  losses differ (max {max(abs(u - v) for u, v in zip(row['losses'], base['losses'])):.1e})")
+            dev = f"  device peak {row['device_peak_mib']:8.1f} MiB" if "device_peak_mib" in row else ""
+            rep = f"  replay peak {row['replay_peak_mib']:7.1f} MiB" if "replay_peak_mib" in row else ""
+            print(f"{w:12s} {m:11s} peak +{row['peak_mib']:8.1f} MiB ({ratio}){dev}{rep}{same}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
