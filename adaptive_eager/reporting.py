@@ -175,6 +175,27 @@ _TIME_ROWS = (
 )
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def memory_line(s: Stats) -> str:
+    """What windows held (Note [Replay frees at last use], Note [A byte budget per window]).
+
+    Example::
+
+        >>> memory_line(Stats(replay_peak_bytes=3 << 20, window_peak_bytes=1 << 20))
+        'a replay held at most 3.0 MiB at once (from the specs); a window kept at most 1.0 MiB the program had dropped'
+    """
+    text = f"a replay held at most {_mib(s.replay_peak_bytes)} at once (from the specs)"
+    if s.window_peak_bytes:
+        text += f"; a window kept at most {_mib(s.window_peak_bytes)} the program had dropped"
+    n = s.flushes.get("window_bytes", 0)
+    if n:
+        text += f" ({_fmt_num(n)} windows flushed at window_bytes)"
+    return text
+
+
 def _plural(n: int, word: str) -> str:
     return f"{_fmt_num(n)} {word}" + ("" if n == 1 else "s")
 
@@ -313,6 +334,8 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
             site, n = next(iter(s.trace_mismatches.items()))
             text += f"; {_fmt_num(sum(s.trace_mismatches.values()))} divergences, most at {site} ({n})"
         rows.insert(1, ("fast path", text))
+    if s.replay_peak_bytes or s.window_peak_bytes:
+        rows.append(("memory", memory_line(s)))
     if s.optimizer_steps_foreach:
         # Note [Optimizer steps at the foreach level] (dispatch/optim.py)
         rows.append(("optimizer steps", f"{_fmt_num(s.optimizer_steps_foreach)} run at the foreach "

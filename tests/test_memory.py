@@ -145,6 +145,8 @@ def test_a_window_holding_dropped_inputs_past_the_budget_is_flushed():
     assert s.window_peak_bytes > (1 << 20)
     assert s.window_peak_bytes <= (1 << 20) + 17 * (1 << 18), s.window_peak_bytes  # 16 ops a check
     assert got == pytest.approx(float(want), rel=1e-5)
+    text = ae.report()
+    assert "the program had dropped" in text and "flushed at window_bytes" in text, text
 
 
 def test_inputs_the_program_still_holds_do_not_count():
