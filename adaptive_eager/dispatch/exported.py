@@ -14,14 +14,39 @@ first enters a window, nothing per op.
 
 How long a storage stays exported:
 - numpy: while the array (or a view of it) lives: numpy's base chain holds the tensor
-  object ``numpy()`` made for it, which is what is watched.
+  object ``numpy()`` made for it, which is what is watched. The wrappers note a
+  ``numpy()``/``__array__`` of the program's in any thread, in a block or not, once the
+  process's first block installed them; earlier ones are found as below.
 - storage objects: while the Python storage object lives.
 - data_ptr, DLPack, shared memory: until the storage is freed (an address or a
   capsule can outlive every Python object we could watch). A c10 weak reference
   (``StorageWeakRef``) tells when; it also keeps the address from being reused by
   another storage meanwhile.
-Entries whose storage or watched object died are dropped as they are met, and all of
-them when the registry doubles in size, so it stays bounded by what is alive.
+Entries whose storage died are dropped as they are met, and all of them when the
+registry doubles in size, so it stays bounded by what is alive. An entry whose watched
+object died stays while its storage lives, as "known, no longer exported" (below).
+
+Note [Memory exported before the runtime]
+An export made before the wrappers were installed (``arr = w.numpy()`` before the
+process's first block, or before ``import adaptive_eager``), or by C++ with no Python
+call, is seen by no wrapper. The storage tells on it: ``numpy()`` clears the storage's
+``resizable`` flag (torch/csrc/utils/tensor_numpy.cpp, so that numpy's pointer stays
+valid), and memory torch did not allocate itself is never resizable either
+(``from_numpy``, ``as_tensor``/``frombuffer`` of a buffer, ``from_dlpack``: each aliases
+memory the program still holds). So a CPU storage that is not resizable and that the
+registry does not know is taken as exported until it is freed (:func:`exported_input`,
+called where a real tensor first enters a window). Known storages are answered by their
+entry, which is why an entry whose array died stays ("no longer exported", not "unknown":
+the flag never comes back). Rejected: wrapping ``numpy()`` at ``import adaptive_eager``
+(``import torch`` imports the package through its autoload entry point, so every torch
+program would run our wrappers, and exports before the import would still be missed);
+finding live arrays by a heap walk (ndarrays are not tracked by ``gc``).
+Costs, measured (python -m benchmarks.overhead, idle 2-core machine): ~0.3 µs per real
+tensor the first time it enters a window (``untyped_storage().resizable()``), nothing per
+op. False positives: storages of ``torch.load`` (read from the archive without an
+allocator) are not resizable either, so a tensor loaded and used as it is
+(``load_state_dict(..., assign=True)``) has its ops run eagerly; ``load_state_dict``'s
+default copies into the module's own (resizable) parameters and keeps fusion.
 
 Example::
 
@@ -46,7 +71,8 @@ from ..reasons import R
 
 # storage id -> (weak reference to the storage, weak reference to the object whose
 # life keeps it exported, or None: until the storage is freed). A process-wide
-# registry: memory is shared by every thread.
+# registry: memory is shared by every thread. An entry whose watched object died means
+# "known, not exported now" (Note [Memory exported before the runtime]).
 _EXPORTED: dict[int, tuple[StorageWeakRef, Any]] = {}
 _LOCK = threading.Lock()
 _PRUNE_AT = [1024]
@@ -59,10 +85,14 @@ class Exported(MetaFailure):
     reason = R.EXPORTED_MEMORY
 
 
+# The C method: torch.Tensor's is a read wrapper (observe.py) once installed.
+_UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
+
+
 def _storage_of(t: torch.Tensor) -> Any:
     try:
         with torch._C.DisableTorchFunction():  # not an export of its own (ObserveMode)
-            return t.untyped_storage()
+            return _UNTYPED_STORAGE(t)
     except Exception:  # noqa: BLE001 - sparse, storage-less or foreign tensors
         return None
 
@@ -99,7 +129,7 @@ def export_storage(storage: Any, keeper: Any = None) -> None:
                 watch = None  # two objects to watch: exported until the storage is freed
         _EXPORTED[sid] = (ref, watch)
         if len(_EXPORTED) > _PRUNE_AT[0]:
-            for k in [k for k, v in _EXPORTED.items() if not _alive(v)]:
+            for k in [k for k, v in _EXPORTED.items() if v[0].expired()]:
                 del _EXPORTED[k]
             _PRUNE_AT[0] = max(1024, 2 * len(_EXPORTED))
 
@@ -111,17 +141,56 @@ def _alive(entry: tuple[StorageWeakRef, Any]) -> bool:
     return watch is None or watch() is not None
 
 
-def is_exported(sid: int) -> bool:
-    """Whether the storage with this id (``torch._C._storage_id``) is exported now."""
+def _known(sid: int) -> bool | None:
+    """Whether the registry's storage ``sid`` is exported now; None: not known."""
     entry = _EXPORTED.get(sid)
     if entry is None:
-        return False
-    if _alive(entry):
-        return True
-    with _LOCK:
+        return None
+    if not entry[0].expired():
+        return entry[1] is None or entry[1]() is not None
+    with _LOCK:  # the storage died: a later one may get its id
         if _EXPORTED.get(sid) is entry:
             del _EXPORTED[sid]
+    return None
+
+
+def is_exported(sid: int) -> bool:
+    """Whether the storage with this id (``torch._C._storage_id``) is known as exported now."""
+    return bool(_known(sid))
+
+
+def exported_input(t: torch.Tensor, sid: int) -> bool:
+    """Whether real tensor ``t`` (storage id ``sid``) is in exported memory now, counting
+    exports no wrapper saw (Note [Memory exported before the runtime]).
+
+    >>> import numpy as np
+    >>> w = torch.zeros(2)
+    >>> exported_input(w, torch._C._storage_id(w))
+    False
+    >>> arr = np.asarray(w.numpy())      # as if made before the runtime existed
+    >>> exported_input(w, torch._C._storage_id(w))
+    True
+    """
+    known = _known(sid)
+    if known is not None:
+        return known
+    if t.is_cpu:
+        storage = _UNTYPED_STORAGE(t)
+        if not storage.resizable() and storage.nbytes():
+            export_storage(storage)  # until freed: nothing tells when its alias dies
+            return True
     return False
+
+
+def before_export(t: Any) -> None:
+    """Call before a read that exports ``t`` (``numpy()``): an unknown export made
+    earlier must not be taken for this one, whose end is watched."""
+    if isinstance(t, torch.Tensor) and t.device.type != "meta":
+        try:
+            sid = torch._C._storage_id(t)
+        except Exception:  # noqa: BLE001 - sparse, storage-less or foreign tensors
+            return
+        exported_input(t, sid)
 
 
 def export_array(arr: Any) -> Any:
@@ -152,4 +221,5 @@ def clear() -> None:
         _EXPORTED.clear()
 
 
-__all__ = ["Exported", "export", "export_storage", "export_array", "is_exported", "note_export", "clear"]
+__all__ = ["Exported", "export", "export_storage", "export_array", "is_exported", "exported_input",
+           "before_export", "note_export", "clear"]

@@ -1,0 +1,105 @@
+"""The last corners of the fault-injection suite (issue 21): memory exported before the
+runtime existed, a block left in another thread, bad switches in the environment, and
+the parked-op estimate in ``stats()``.
+
+Each test runs its program eagerly and under adaptive eager with capture forced
+(``helpers.mode``) and compares what the program sees; the ones that need a fresh
+interpreter (nothing installed yet, or an environment of their own) run in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+import torch.nn as nn
+
+from adaptive_eager import session
+from adaptive_eager.dispatch.exported import exported_input
+
+from helpers import mode
+
+
+def _run_script(body: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``body`` in a fresh interpreter with this one's search path (and ``env``)."""
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True,
+                          text=True, timeout=timeout, env=full)
+
+
+# -- item 1: numpy views made before the runtime existed ----------------------------------
+
+_BEFORE_IMPORT = """
+    import json, torch, numpy as np
+
+    def aliases():
+        w = torch.zeros(4096)
+        arr = w.numpy()                                   # before adaptive_eager exists
+        src = np.zeros(8, dtype=np.float32)
+        f = torch.from_numpy(src)                         # numpy's memory, aliased
+        return w, arr, f, src
+
+    def program(w, arr, f, src):
+        seen = []
+        for _ in range(3):
+            w.add_(1.0)
+            f.mul_(2.0).add_(1.0)
+            seen.append([float(arr.sum()), float(src.sum())])
+        arr[:] = 5.0                                      # a write through the alias
+        seen.append(float((w * 2).sum()))
+        return seen
+
+    eager_args, block_args = aliases(), aliases()
+    import adaptive_eager as ae
+    expected = program(*eager_args)
+    with ae.adaptive_eager(backend="eager", adaptive_passthrough=False):
+        actual = program(*block_args)
+    print(json.dumps([expected, actual]))
+"""
+
+
+def test_numpy_views_made_before_import_see_the_blocks_writes():
+    proc = _run_script(_BEFORE_IMPORT)
+    assert proc.returncode == 0, proc.stderr
+    expected, actual = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert expected[0] == [4096.0, 8.0]
+    assert actual == expected
+
+
+def test_arrays_made_between_blocks_are_exported_while_they_live():
+    with mode():
+        pass                                              # the wrappers are installed
+    w = torch.zeros(4)
+    arr = w.detach().numpy()                              # between blocks
+    with mode():
+        w.add_(1.0)
+        assert arr.tolist() == [1.0] * 4                  # read through the alias, no torch call
+        w.add_(1.0)
+        assert arr.tolist() == [2.0] * 4
+    del arr
+    before = session.counters().flushes.get("exported_memory", 0)
+    with mode():
+        w.add_(1.0)
+        w.add_(1.0)                                       # the array died: deferred again
+        assert w.tolist() == [4.0] * 4
+    assert session.counters().flushes.get("exported_memory", 0) == before
+
+
+def test_ordinary_parameters_are_not_taken_for_exported_memory():
+    torch.manual_seed(0)
+    m = nn.Linear(8, 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for p in m.parameters():
+        assert not exported_input(p, torch._C._storage_id(p))
+    before = session.counters().flushes.get("exported_memory", 0)
+    with mode():
+        for _ in range(3):
+            m(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        m.weight.sum().item()
+    assert session.counters().flushes.get("exported_memory", 0) == before
