@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import torch
 import torch.nn as nn
@@ -103,3 +104,37 @@ def test_ordinary_parameters_are_not_taken_for_exported_memory():
             opt.zero_grad()
         m.weight.sum().item()
     assert session.counters().flushes.get("exported_memory", 0) == before
+
+
+# -- item 2: a block exited in another thread ---------------------------------------------
+
+def test_exit_in_another_thread_runs_the_pending_work_and_unstacks_at_the_next_read():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from adaptive_eager.dispatch import LazyTensor
+
+    ctx = mode()
+    ctx.__enter__()
+    x = torch.ones(3) * 2                                 # pending when the block is closed
+    errors = []
+
+    def worker():
+        try:
+            ctx.__exit__(None, None, None)
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=worker, name="closer")
+    t.start()
+    t.join()
+    assert len(errors) == 1 and "'MainThread'" in errors[0] and "'closer'" in errors[0]
+    assert x._ae_real is not None                         # the closing thread ran the window
+    y = x + 1                                             # the next op: plain eager
+    assert type(y) is torch.Tensor and y.tolist() == [3.0, 3.0, 3.0]
+    assert _get_current_dispatch_mode_stack() == []       # the read parked the closed mode
+    assert session.current_mode() is None                 # the next use of the runtime left it
+    with mode():                                          # and the thread's next block works
+        z = (x * 3).sum()
+        assert z.item() == 18.0
+    assert _get_current_dispatch_mode_stack() == []
+    assert type(z) is torch.Tensor
