@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -138,3 +139,46 @@ def test_exit_in_another_thread_runs_the_pending_work_and_unstacks_at_the_next_r
         assert z.item() == 18.0
     assert _get_current_dispatch_mode_stack() == []
     assert type(z) is torch.Tensor
+
+
+# -- item 3: bad switches in the environment ----------------------------------------------
+
+@pytest.mark.parametrize("var,value", [("ADAPTIVE_EAGER", "garbage"), ("ADAPTIVE_EAGER_LOG", "bogus"),
+                                       ("ADAPTIVE_EAGER_NEURON_SIM", "maybe")])
+def test_bad_switches_that_are_not_options_warn_once_and_blocks_run(monkeypatch, caplog, var, value):
+    from adaptive_eager import _logging
+
+    monkeypatch.setenv(var, value)
+    monkeypatch.setattr(_logging, "_WARNED", set())       # a fresh process's "once"
+    with caplog.at_level("WARNING", logger="adaptive_eager"):
+        for _ in range(3):
+            with mode():
+                y = torch.ones(3) * 2
+                assert y.tolist() == [2.0, 2.0, 2.0]
+    warned = [r.getMessage() for r in caplog.records if var + "=" in r.getMessage()]
+    assert len(warned) == 1 and repr(value) in warned[0], caplog.text
+
+
+def test_a_bad_option_in_the_environment_still_stops_the_block(monkeypatch):
+    import adaptive_eager as ae
+
+    monkeypatch.setenv("ADAPTIVE_EAGER_WINDOW_SIZE", "abc")
+    with pytest.raises(ae.ConfigError, match="ADAPTIVE_EAGER_WINDOW_SIZE"):
+        with mode():
+            pass
+
+
+def test_a_bad_opt_in_warns_once_from_import_to_the_last_block():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTIVE_EAGER")}
+    env["ADAPTIVE_EAGER"] = "garbage"
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import torch, adaptive_eager as ae
+        for _ in range(2):
+            with ae.adaptive_eager(backend="eager"):
+                print((torch.ones(2) * 2).tolist())
+        print(ae.is_enabled())
+    """)], capture_output=True, text=True, timeout=120,
+        env={**env, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["[2.0,", "2.0]", "[2.0,", "2.0]", "False"]
+    assert proc.stderr.count("ADAPTIVE_EAGER='garbage'") == 1, proc.stderr
