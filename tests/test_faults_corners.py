@@ -182,3 +182,24 @@ def test_a_bad_opt_in_warns_once_from_import_to_the_last_block():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["[2.0,", "2.0]", "[2.0,", "2.0]", "False"]
     assert proc.stderr.count("ADAPTIVE_EAGER='garbage'") == 1, proc.stderr
+
+
+# -- item 5: the parked-op estimate in stats() and its JSON --------------------------------
+
+def test_stats_and_json_carry_the_parked_op_estimate_the_report_shows():
+    from adaptive_eager import Stats
+
+    from test_report import _parked_report
+
+    s, text = _parked_report(40)
+    assert s.optimizer_steps_parked >= 30                 # the run parked
+    assert s.ops_parked_estimate is not None and s.ops_parked_estimate > 0
+    assert f"while parked: ~{s.ops_parked_estimate:,}, {s.ops_parked_estimate_how}" in text
+    data = json.loads(s.to_json())
+    assert data["ops_parked_estimate"] == s.ops_parked_estimate
+    assert data["ops_parked_estimate_how"].startswith("estimated: ")
+    idle = json.loads(Stats().to_json())
+    assert idle["ops_parked_estimate"] == 0
+    assert idle["ops_parked_estimate_how"] == "no safe point was passed while parked"
+    unknown = Stats(reads=5, reads_parked=5)              # parked with no optimizer step
+    assert unknown.ops_parked_estimate is None and "no optimizer step" in unknown.ops_parked_estimate_how
