@@ -203,3 +203,18 @@ def test_stats_and_json_carry_the_parked_op_estimate_the_report_shows():
     assert idle["ops_parked_estimate_how"] == "no safe point was passed while parked"
     unknown = Stats(reads=5, reads_parked=5)              # parked with no optimizer step
     assert unknown.ops_parked_estimate is None and "no optimizer step" in unknown.ops_parked_estimate_how
+
+
+def test_dataloader_worker_batches_are_not_taken_for_exported_memory():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = torch.randn(16, 4)
+    loader = DataLoader(TensorDataset(data), batch_size=4, num_workers=1)
+    (batch,) = next(iter(loader))                         # shared, not resizable
+    assert not batch.untyped_storage().resizable() and batch.untyped_storage().is_shared()
+    assert not exported_input(batch, torch._C._storage_id(batch))
+    expected = (data[:4] * 2 + 1).sum().item()
+    captured = session.counters().ops_captured
+    with mode():
+        assert (batch * 2 + 1).sum().item() == expected
+    assert session.counters().ops_captured - captured == 3   # mul, add, sum: none ran at once

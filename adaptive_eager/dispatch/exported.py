@@ -35,7 +35,10 @@ valid), and memory torch did not allocate itself is never resizable either
 (``from_numpy``, ``as_tensor``/``frombuffer`` of a buffer, ``from_dlpack``: each aliases
 memory the program still holds). So a CPU storage that is not resizable and that the
 registry does not know is taken as exported until it is freed (:func:`exported_input`,
-called where a real tensor first enters a window). Known storages are answered by their
+called where a real tensor first enters a window). Shared memory is left out: a
+DataLoader worker's batch arrives in a storage that is shared and not resizable, and
+memory shared across processes is only known as exported where this process shared it
+(``share_memory_()``, as before: other processes see deferred writes from the next sync). Known storages are answered by their
 entry, which is why an entry whose array died stays ("no longer exported", not "unknown":
 the flag never comes back). Rejected: wrapping ``numpy()`` at ``import adaptive_eager``
 (``import torch`` imports the package through its autoload entry point, so every torch
@@ -177,7 +180,7 @@ def exported_input(t: torch.Tensor, sid: int) -> bool:
         return known
     if t.is_cpu:
         storage = _UNTYPED_STORAGE(t)
-        if not storage.resizable() and storage.nbytes():
+        if not storage.resizable() and storage.nbytes() and not storage.is_shared():
             export_storage(storage)  # until freed: nothing tells when its alias dies
             return True
     return False
