@@ -41,35 +41,87 @@ _BEFORE_IMPORT = """
     def aliases():
         w = torch.zeros(4096)
         arr = w.numpy()                                   # before adaptive_eager exists
-        src = np.zeros(8, dtype=np.float32)
-        f = torch.from_numpy(src)                         # numpy's memory, aliased
-        return w, arr, f, src
+        v = torch.zeros(64)
+        view = v.numpy()[8:16]                            # a view of the array only
+        return w, arr, v, view
 
-    def program(w, arr, f, src):
+    def program(w, arr, v, view):
         seen = []
         for _ in range(3):
             w.add_(1.0)
-            f.mul_(2.0).add_(1.0)
-            seen.append([float(arr.sum()), float(src.sum())])
+            v.mul_(2.0).add_(1.0)
+            seen.append([float(arr.sum()), float(view.sum())])
         arr[:] = 5.0                                      # a write through the alias
         seen.append(float((w * 2).sum()))
         return seen
 
     eager_args, block_args = aliases(), aliases()
+    u = torch.zeros(4)
+    u.numpy()                                             # an array that died at once
     import adaptive_eager as ae
+    from adaptive_eager.dispatch.exported import exported_input
     expected = program(*eager_args)
     with ae.adaptive_eager(backend="eager", adaptive_passthrough=False):
         actual = program(*block_args)
-    print(json.dumps([expected, actual]))
+    print(json.dumps([expected, actual, exported_input(u, torch._C._storage_id(u))]))
 """
 
 
 def test_numpy_views_made_before_import_see_the_blocks_writes():
     proc = _run_script(_BEFORE_IMPORT)
     assert proc.returncode == 0, proc.stderr
-    expected, actual = json.loads(proc.stdout.strip().splitlines()[-1])
+    expected, actual, dead_alias_exported = json.loads(proc.stdout.strip().splitlines()[-1])
     assert expected[0] == [4096.0, 8.0]
     assert actual == expected
+    assert not dead_alias_exported
+
+
+def test_a_numpy_view_that_died_before_the_block_costs_nothing():
+    w = torch.zeros(4)
+    tmp = w.detach().numpy()
+    del tmp                                               # the array's base went with it
+    w2 = torch.zeros(4)
+    w2.numpy()                                            # made and dropped at once
+    for t in (w, w2):
+        assert not exported_input(t, torch._C._storage_id(t))
+
+
+def test_a_resumed_optimizer_state_is_not_taken_for_exported_memory(tmp_path):
+    torch.manual_seed(0)
+    m = nn.Linear(8, 8)
+    opt = torch.optim.AdamW(m.parameters(), lr=0.01, foreach=True)
+    m(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")
+    opt.load_state_dict(torch.load(tmp_path / "opt.pt"))  # storages torch.load made
+    state = opt.state[m.weight]["exp_avg"]
+    assert not state.untyped_storage().resizable()
+    assert not exported_input(state, torch._C._storage_id(state))
+    before = session.counters().flushes.get("exported_memory", 0)
+    with mode():
+        for _ in range(3):
+            opt.zero_grad()
+            m(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        m.weight.sum().item()
+    assert session.counters().flushes.get("exported_memory", 0) == before
+
+
+def test_from_numpy_after_the_first_block_is_exported():
+    import numpy as np
+
+    with mode():
+        pass                                              # the wrappers are installed
+    src = np.zeros(8, dtype=np.float32)
+    f = torch.from_numpy(src)
+    buf = bytearray(16)
+    g = torch.frombuffer(buf, dtype=torch.float32)
+    with mode():
+        for i in range(1, 4):
+            f.add_(1.0)
+            g.add_(2.0)
+            assert float(src.sum()) == 8.0 * i                # numpy reads, no torch call
+            assert float(np.frombuffer(bytes(buf), dtype=np.float32).sum()) == 8.0 * i
 
 
 def test_arrays_made_between_blocks_are_exported_while_they_live():

@@ -29,28 +29,38 @@ object died stays while its storage lives, as "known, no longer exported" (below
 Note [Memory exported before the runtime]
 An export made before the wrappers were installed (``arr = w.numpy()`` before the
 process's first block, or before ``import adaptive_eager``), or by C++ with no Python
-call, is seen by no wrapper. The storage tells on it: ``numpy()`` clears the storage's
+call, is seen by no wrapper. The storage tells on it. ``numpy()`` clears the storage's
 ``resizable`` flag (torch/csrc/utils/tensor_numpy.cpp, so that numpy's pointer stays
-valid), and memory torch did not allocate itself is never resizable either
-(``from_numpy``, ``as_tensor``/``frombuffer`` of a buffer, ``from_dlpack``: each aliases
-memory the program still holds). So a CPU storage that is not resizable and that the
-registry does not know is taken as exported until it is freed (:func:`exported_input`,
-called where a real tensor first enters a window). Shared memory is left out: a
-DataLoader worker's batch arrives in a storage that is shared and not resizable, and
-memory shared across processes is only known as exported where this process shared it
-(``share_memory_()``, as before: other processes see deferred writes from the next sync). Known storages are answered by their
-entry, which is why an entry whose array died stays ("no longer exported", not "unknown":
-the flag never comes back). Rejected: wrapping ``numpy()`` at ``import adaptive_eager``
-(``import torch`` imports the package through its autoload entry point, so every torch
-program would run our wrappers, and exports before the import would still be missed);
-finding live arrays by a heap walk (ndarrays are not tracked by ``gc``).
-Costs, measured on the loaded 2-core machine: ~0.25 µs per real tensor the first time it
-enters a window (``untyped_storage().resizable()``; 200 in-place adds of 200 parameters
-per window, fast path: 10.0 -> 10.3 µs per op), nothing per op after (python -m
-benchmarks.overhead, one real input: fast path 10.2 -> 9.9 µs per op, noise). False positives: storages of ``torch.load`` (read from the archive without an
-allocator) are not resizable either, so a tensor loaded and used as it is
-(``load_state_dict(..., assign=True)``) has its ops run eagerly; ``load_state_dict``'s
-default copies into the module's own (resizable) parameters and keeps fusion.
+valid), and the array's base is a tensor of its own over the same storage, which holds
+the storage (its use count) while the array or a view of it lives. So a CPU storage the
+registry does not know, not resizable, and held by another tensor than the one entering
+the window is taken as exported, for as long as that holds (:func:`exported_input`,
+asked where a real tensor first enters a window; a later ``numpy()`` seen by a wrapper
+finds it so and exports it until freed). Measured, torch 2.13: a plain tensor's storage
+is held by its tensor alone; after ``numpy()``, also by the array's base until the array
+dies. Left out, each for a reason:
+- not-resizable storages held once: ``torch.load`` reads a checkpoint into storages made
+  not resizable, and so do ``from_numpy``, ``frombuffer`` and ``from_dlpack``. Taking all
+  of them for exported made a resumed AdamW run (its state loaded with
+  ``opt.load_state_dict(torch.load(...))``) run each optimizer op at once: 248 ms a step
+  against 147 (capture forced, backend eager, 8 Linear(256) layers). So the aliasing
+  constructors are noted by wrappers instead (``from_numpy``, ``frombuffer``: exported
+  until freed), from the process's first block on; one called before it is not known.
+- shared memory (``is_shared()``): a DataLoader worker's batch arrives shared and not
+  resizable; memory shared across processes is exported where this process shared it
+  (``share_memory_()``), as before.
+Known storages are answered by their entry, which is why an entry whose array died stays
+("no longer exported", not "unknown": the flag never comes back). Rejected: wrapping
+``numpy()`` at ``import adaptive_eager`` (``import torch`` imports the package through
+its autoload entry point, so every torch program would run our wrappers, and exports
+before the import would still be missed); finding live arrays by a heap walk (ndarrays
+are not tracked by ``gc``). Costs, measured on the shared 2-core machine: each real
+tensor entering a window pays ~0.45 µs more (timeit at load average 9, 0.29 of it making
+the storage object for ``resizable()``; the registry lookup alone was 0.04), nothing per
+op after; end to end, 200 in-place adds of 200 parameters per window (fast path) ran
+10.0 -> 10.3 µs per op at load ~2, and python -m benchmarks.overhead (one real input) did
+not move (fast path 10.2 -> 9.9 µs per op, noise). The use count is read only for storages
+that are not resizable.
 
 Example::
 
@@ -91,6 +101,7 @@ class Exported(MetaFailure):
 
 # The C method: torch.Tensor's is a read wrapper (observe.py) once installed.
 _UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
+_use_count = torch._C._storage_Use_Count
 
 
 def _storage_of(t: torch.Tensor) -> Any:
@@ -175,26 +186,45 @@ def exported_input(t: torch.Tensor, sid: int) -> bool:
     >>> exported_input(w, torch._C._storage_id(w))
     True
     """
-    known = _known(sid)
-    if known is not None:
-        return known
-    if t.is_cpu:
-        storage = _UNTYPED_STORAGE(t)
-        if not storage.resizable() and storage.nbytes() and not storage.is_shared():
-            export_storage(storage)  # until freed: nothing tells when its alias dies
-            return True
-    return False
+    if sid in _EXPORTED:
+        known = _known(sid)
+        if known is not None:
+            return known
+    if not t.is_cpu:
+        return False
+    storage = _UNTYPED_STORAGE(t)
+    return not storage.resizable() and _held_elsewhere(storage)  # the common case: resizable
+
+
+def _held_elsewhere(storage: Any) -> bool:
+    """Whether an unknown storage looks exported (Note [Memory exported before the
+    runtime]): not resizable, not shared, and held by more than the entering tensor and
+    ``storage`` itself."""
+    return not storage.resizable() and storage.nbytes() > 0 and not storage.is_shared() \
+        and _use_count(storage._cdata) > 2
 
 
 def before_export(t: Any) -> None:
     """Call before a read that exports ``t`` (``numpy()``): an unknown export made
-    earlier must not be taken for this one, whose end is watched."""
-    if isinstance(t, torch.Tensor) and t.device.type != "meta":
+    earlier must not be taken for this one, whose end is watched; it is exported until
+    the storage is freed."""
+    if isinstance(t, torch.Tensor) and t.is_cpu:
         try:
             sid = torch._C._storage_id(t)
         except Exception:  # noqa: BLE001 - sparse, storage-less or foreign tensors
             return
-        exported_input(t, sid)
+        if _known(sid) is None:
+            storage = _UNTYPED_STORAGE(t)
+            if _held_elsewhere(storage):
+                export_storage(storage)
+
+
+def export_result(out: Any) -> Any:
+    """Remember the memory a constructor aliased (``from_numpy``, ``frombuffer``) as
+    exported until freed; returns ``out``."""
+    if isinstance(out, torch.Tensor):
+        export(out)
+    return out
 
 
 def export_array(arr: Any) -> Any:
@@ -226,4 +256,4 @@ def clear() -> None:
 
 
 __all__ = ["Exported", "export", "export_storage", "export_array", "is_exported", "exported_input",
-           "before_export", "note_export", "clear"]
+           "before_export", "export_result", "note_export", "clear"]

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from .direct import HANDLERS, _SET_DATA
-from .exported import before_export, export_array, note_export
+from .exported import before_export, export_array, export_result, note_export
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, suspended
 from .mode import AdaptiveEagerMode, _tensors
@@ -207,6 +207,22 @@ def _array_outside(func: Callable, args: tuple, kwargs: dict) -> Any:
     return export_array(func(*args, **kwargs))
 
 
+# Constructors whose tensor aliases memory the program holds (a numpy array, a buffer):
+# exported until freed, in any thread (Note [Memory exported before the runtime]).
+_ALIASING_FUNCTIONS = ("from_numpy", "frombuffer")
+
+
+def _aliasing(func: Callable) -> Callable:
+    @functools.wraps(func)
+    def aliasing(*args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            return func(*args, **kwargs)
+        return export_result(func(*args, **kwargs))
+
+    aliasing.__ae_wrapped__ = func  # type: ignore[attr-defined]
+    return aliasing
+
+
 def _method(name: str, func: Callable, kind: str) -> Callable:
     if kind == "direct":  # not a read: a handler of direct.py, no safe point
         return _function(name, func)
@@ -295,6 +311,10 @@ def install() -> None:
             func = getattr(torch, name)
             WRAPPED[f"torch.{name}"] = (torch, func)
             setattr(torch, name, _function(name, func))
+        for name in _ALIASING_FUNCTIONS:
+            func = getattr(torch, name)
+            WRAPPED[f"torch.{name}"] = (torch, func)
+            setattr(torch, name, _aliasing(func))
         data = torch._C.TensorBase.data
         WRAPPED["data"] = (torch.Tensor, data)
         torch.Tensor.data = property(data.__get__, _set_data, doc=data.__doc__)  # type: ignore[assignment]
