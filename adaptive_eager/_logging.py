@@ -98,6 +98,13 @@ def warn_once(key: str, message: str, *args: object) -> None:
     log.warning(message, *args)
 
 
+def bad_switch_key(variable: str, value: str) -> str:
+    """The :func:`warn_once` key of a bad ``value`` of environment switch ``variable``: one
+    warning per process, whoever meets it first (Note [Switches that never stop a block]
+    in config.py)."""
+    return f"bad-switch:{variable}={value.strip().lower()}"
+
+
 def configure_from_env(environ: os._Environ | dict | None = None) -> None:
     """Add a stderr handler at the level named by ``ADAPTIVE_EAGER_LOG`` (once).
 
@@ -113,7 +120,7 @@ def configure_from_env(environ: os._Environ | dict | None = None) -> None:
         return
     level = _LEVELS.get(value)
     if level is None:
-        warn_once("bad-log-level", "adaptive_eager: %s=%r is not a level; use one of %s",
+        warn_once(bad_switch_key(ENV_VAR, value), "adaptive_eager: %s=%r is not a level; use one of %s",
                   ENV_VAR, value, ", ".join(sorted(_LEVELS)))
         return
     log.setLevel(level)
@@ -124,5 +131,6 @@ def configure_from_env(environ: os._Environ | dict | None = None) -> None:
     _HANDLER.setLevel(level)
 
 
-__all__ = ["LOGGER_NAME", "ENV_VAR", "ARTIFACTS", "LEVEL_NAMES", "log", "warn_once", "configure_from_env",
+__all__ = ["LOGGER_NAME", "ENV_VAR", "ARTIFACTS", "LEVEL_NAMES", "log", "warn_once", "bad_switch_key",
+           "configure_from_env",
            "register_with_torch", "artifact_logger", "mentions_ours"]

@@ -64,8 +64,10 @@ def autoload() -> None:
         if on in _OFF and sim in _OFF:
             return
         if on not in _OFF and on not in _ON:
-            _log().warning("adaptive_eager: %s=%r not understood (use 1 or 0); staying off",
-                           ENV_VAR, on)
+            from ._logging import bad_switch_key, warn_once  # a leaf module
+
+            warn_once(bad_switch_key(ENV_VAR, on), "adaptive_eager: %s=%r not understood (use 1 or 0); "
+                      "staying off", ENV_VAR, on)
         when_imported("torch", _enable_from_env)
     except Exception as e:  # never break `import torch`
         _log().warning("adaptive_eager: autoload failed, staying off: %s: %s", type(e).__name__, e)

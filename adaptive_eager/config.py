@@ -404,12 +404,40 @@ def switch(variable: str, environ: Mapping[str, str] | None = None) -> Any:
     return parse(variable, environ.get(variable, ""), f" (from environment variable {variable})")
 
 
+# Note [Switches that never stop a block]
+# ADAPTIVE_EAGER and ADAPTIVE_EAGER_NEURON_SIM act once, at ``import torch`` (autoload),
+# and ADAPTIVE_EAGER_LOG only sets up stderr logging: none of them is an option of a
+# block. A bad value used to raise ConfigError at every ``with adaptive_eager():`` of a
+# program that never asked for them. Now it is warned about once per process, naming
+# the variable and what happens instead (the switch stays off; logging keeps its
+# default level), and the block runs. The warning's key is shared with the places that
+# act on the variable (autoload, _logging.configure_from_env), so whichever meets the
+# bad value first warns and the others stay quiet. ADAPTIVE_EAGER_FUEL changes what a
+# block compiles, so a bad value raises like a bad option does.
+WARN_ONLY_SWITCHES = {
+    "ADAPTIVE_EAGER": "staying off",
+    "ADAPTIVE_EAGER_NEURON_SIM": "the emulated neuron device stays off",
+    "ADAPTIVE_EAGER_LOG": "logging keeps its default level",
+}
+
+
 def check_switches(environ: Mapping[str, str] | None = None) -> None:
-    """Validate every switch that is set (Note [Switches]); raise ConfigError on the first bad one."""
+    """Validate every switch that is set (Note [Switches]); raise ConfigError on the first
+    bad one, or warn once for a switch that is not a block's (Note [Switches that never
+    stop a block])."""
     environ = os.environ if environ is None else environ
     for variable in SWITCHES:
         if variable in environ:
-            switch(variable, environ)
+            try:
+                switch(variable, environ)
+            except ConfigError as e:
+                if variable not in WARN_ONLY_SWITCHES:
+                    raise
+                from ._logging import bad_switch_key, warn_once  # noqa: PLC0415 - a leaf module
+
+                value = environ[variable]
+                warn_once(bad_switch_key(variable, value), "adaptive_eager: %s=%r ignored, %s: %s",
+                          variable, value, WARN_ONLY_SWITCHES[variable], e)
 
 
 def resolve(environ: Mapping[str, str] | None = None, **overrides: Any) -> Options:
@@ -454,5 +482,5 @@ def describe() -> list[tuple[str, str, Any, str]]:
 
 __all__ = [
     "ConfigError", "Options", "OPTION_NAMES", "resolve", "patch", "env_overrides", "describe",
-    "SWITCHES", "switch", "check_switches", "accepted_device_types",
+    "SWITCHES", "WARN_ONLY_SWITCHES", "switch", "check_switches", "accepted_device_types",
 ]

@@ -210,12 +210,17 @@ def _leave(entry: tuple) -> None:
 # entered in one thread and exited in another (a context handed to a worker) used to
 # fail with "IndexError: pop from empty list" in the worker and leave the entering
 # thread capturing for good. Now the exit in the wrong thread raises an error naming
-# both threads and changes nothing in the exiting thread; the block counts as
-# closed: its mode stops deferring (ops pass straight through, and it parks at the
-# entering thread's next safe point), and the entering thread leaves it, flushing
-# what is pending, the next time it touches the runtime (a block's entry or exit, current_mode(), sync(), an optimizer
-# step or a module call while parked). _ABANDONED holds such entries per thread id
-# until then.
+# both threads; the block counts as closed: the exiting thread runs what the block
+# left pending (under the mode's lock, as a change of global state does), so every
+# value made in it is bound, and its mode stops deferring. No thread can pop another's
+# mode stack, and a mode cannot pop itself inside an op (torch pushes it back when
+# __torch_dispatch__ returns), so the entering thread's ops pass straight through it to
+# plain tensors (~5 µs each) until that thread's next safe point (a read such as
+# print/.item()/.tolist(), an optimizer step, backward()), where it parks: off the
+# dispatch-mode stack. The entering thread leaves the block for good (its handles
+# released, its runtime stack popped) the next time it touches the runtime (a block's
+# entry or exit, current_mode(), sync(), an optimizer step or a module call while
+# parked). _ABANDONED holds such entries per thread id until then.
 _ABANDONED: dict[int, list[tuple]] = {}
 _ABANDONED_LOCK = threading.Lock()
 
@@ -226,9 +231,11 @@ def _exited_elsewhere(entered: list) -> None:
         raise RuntimeError(f"adaptive_eager: __exit__ in thread {here!r} without __enter__")
     ident, name, entry = entered.pop()
     mode, observe = entry
+    failure = None
     if observe is not None:
         mode.policy = DeferPolicy.never()
         mode._should_defer = mode.policy.should_defer
+        failure = _run_pending(mode)
     alive = {t.ident for t in threading.enumerate()}
     with _ABANDONED_LOCK:
         for dead in [i for i in _ABANDONED if i not in alive]:
@@ -240,7 +247,26 @@ def _exited_elsewhere(entered: list) -> None:
         f"leave a block in the thread that entered it (PyTorch's modes are per thread). "
         f"The block is closed: thread {name!r} runs plain eager from its next torch call and "
         "leaves the block the next time it uses the runtime (Note [A block is left in the "
-        "thread that entered it])")
+        "thread that entered it])") from failure
+
+
+def _run_pending(mode: AdaptiveEagerMode) -> BaseException | None:
+    """Run what a block closed from another thread left pending, in the calling thread
+    (Note [A block is left in the thread that entered it]); the flush's error, if any."""
+    if not mode.lock.acquire(timeout=_FOREIGN_FLUSH_WAIT_S):
+        return None  # busy in its thread for that long: it flushes when it leaves
+    try:
+        if len(mode.recorder):
+            mode.flush(R.EXIT, user_source(3))
+    except Exception as e:  # noqa: BLE001 - raised again with the thread error
+        return e
+    finally:
+        mode.lock.release()
+    return None
+
+
+# How long the exiting thread waits for an op of the entering thread's to end.
+_FOREIGN_FLUSH_WAIT_S = 5.0
 
 
 def _prune(st: list) -> None:

@@ -27,7 +27,7 @@ from dataclasses import field
 from typing import Any, Mapping
 
 from .reasons import ROUTINE_REASONS
-from .runtime.counters import Counters
+from .runtime.counters import Counters, parked_ops_estimate
 
 
 # Note [Stats are derived from Counters]
@@ -105,11 +105,34 @@ class _StatsMethods:
                 "saved_vs_eager": (self.compared_eager_ns - self.compared_run_ns) / 1e9,
                 "compile_latency": self.compile_latency_s}
 
+    @property
+    def ops_parked_estimate(self) -> int | None:
+        """Ops run while the mode was parked (off the stack, uncounted), estimated; None
+        when there is nothing to estimate from (Note [Counting while passing through],
+        runtime/counters.py). :attr:`ops_parked_estimate_how` says how.
+
+        Example::
+
+            >>> s = Stats(optimizer_steps=14, optimizer_steps_parked=10, span_steps=3,
+            ...           span_step_ops=300)
+            >>> s.ops_parked_estimate, s.ops_parked_estimate_how
+            (1000, 'estimated: 10 optimizer steps while parked x 100 ops per step, measured on the stack')
+        """
+        return parked_ops_estimate(self)[0]  # type: ignore[arg-type]
+
+    @property
+    def ops_parked_estimate_how(self) -> str:
+        """How :attr:`ops_parked_estimate` was estimated, or why it was not."""
+        return parked_ops_estimate(self)[1]  # type: ignore[arg-type]
+
     def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data (tuples become lists)."""
+        """Plain JSON-ready data (tuples become lists), with the derived figures
+        (``total_flushes``, ``time_s``, ``ops_parked_estimate`` and how it was estimated)."""
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["total_flushes"] = self.total_flushes
         out["time_s"] = self.time_s
+        out["ops_parked_estimate"] = self.ops_parked_estimate
+        out["ops_parked_estimate_how"] = self.ops_parked_estimate_how
         return out
 
     def to_json(self, indent: int | None = None) -> str:

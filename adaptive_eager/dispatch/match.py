@@ -40,7 +40,7 @@ import torch
 from ..fusion.ir import OpNode, ValueRef, Window
 from ..fusion.scalars import lift_rule
 from ..fusion.signature import _freeze
-from .exported import _EXPORTED, is_exported
+from .exported import exported_input
 from .lazy import LazyTensor, contiguous_strides
 from .optable import OpTraits
 
@@ -208,7 +208,7 @@ def _first(rec: Any, a: Any, e: tuple, pending: Pending) -> bool:
         sid = None
     root = None
     if sid is not None:
-        if sid in _EXPORTED and is_exported(sid):
+        if exported_input(t, sid):
             return False  # Note [Exported memory]: the slow path runs the op now
         root = rec._storages.get(sid)
         if root is None:

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from .direct import HANDLERS, _SET_DATA
-from .exported import note_export
+from .exported import before_export, export_array, export_result, note_export
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, suspended
 from .mode import AdaptiveEagerMode, _tensors
@@ -173,6 +173,8 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
         if kind == "exposing":
             # Note [Warnings keep the program's line] (source.py): storage() warns
             with suspended(), warnings_at_user_line():
+                if name in _ARRAYS:
+                    before_export(args[0])  # Note [Memory exported before the runtime]
                 out = func(*args, **kwargs)
                 note_export(name, args[0], out)  # Note [Exported memory]
         else:
@@ -180,6 +182,45 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
                 out = func(*args, **kwargs)
     safe_point(mode, READ_WEIGHT, True)  # between torch calls: park or unpark (parking.py)
     return out
+
+
+# Note [Arrays made outside blocks]
+# A numpy array of a tensor made between blocks (or in a thread with no block) aliases
+# its memory as one made inside does, so the wrappers note it too, from the moment they
+# are installed: its export then ends when the array dies, where an export no wrapper
+# saw lasts until the storage is freed (Note [Memory exported before the runtime],
+# exported.py). Only the arrays: a data_ptr() outside blocks is what compiled code
+# (Inductor's wrappers) takes of every tensor it runs on, and noting those would make
+# every parameter exported for good.
+_ARRAYS = ("numpy", "__array__")
+
+
+def _programs_read() -> bool:
+    """Whether a read in a thread with no block is the program's (not the runtime's own:
+    capture suspended, torch functions disabled)."""
+    return not getattr(_LAZY_TLS, "suspended", 0) and not _all_disabled() and not _is_compiling()
+
+
+def _array_outside(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``numpy()``/``__array__`` of a thread with no block (Note [Arrays made outside blocks])."""
+    before_export(args[0])
+    return export_array(func(*args, **kwargs))
+
+
+# Constructors whose tensor aliases memory the program holds (a numpy array, a buffer):
+# exported until freed, in any thread (Note [Memory exported before the runtime]).
+_ALIASING_FUNCTIONS = ("from_numpy", "frombuffer")
+
+
+def _aliasing(func: Callable) -> Callable:
+    @functools.wraps(func)
+    def aliasing(*args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            return func(*args, **kwargs)
+        return export_result(func(*args, **kwargs))
+
+    aliasing.__ae_wrapped__ = func  # type: ignore[attr-defined]
+    return aliasing
 
 
 def _method(name: str, func: Callable, kind: str) -> Callable:
@@ -190,6 +231,8 @@ def _method(name: str, func: Callable, kind: str) -> Callable:
     def read(*args: Any, **kwargs: Any) -> Any:
         mode = _mode_here()
         if mode is None:
+            if name in _ARRAYS and _programs_read():
+                return _array_outside(func, args, kwargs)
             return func(*args, **kwargs)
         return _read(mode, name, kind, func, args, kwargs)
 
@@ -268,6 +311,10 @@ def install() -> None:
             func = getattr(torch, name)
             WRAPPED[f"torch.{name}"] = (torch, func)
             setattr(torch, name, _function(name, func))
+        for name in _ALIASING_FUNCTIONS:
+            func = getattr(torch, name)
+            WRAPPED[f"torch.{name}"] = (torch, func)
+            setattr(torch, name, _aliasing(func))
         data = torch._C.TensorBase.data
         WRAPPED["data"] = (torch.Tensor, data)
         torch.Tensor.data = property(data.__get__, _set_data, doc=data.__doc__)  # type: ignore[assignment]

@@ -35,7 +35,7 @@ import torch
 
 from ..fusion.ir import OpNode, TensorSpec, ValueRef, Window
 from ..fusion.slicing import needed_nodes
-from .exported import _EXPORTED, Exported, is_exported
+from .exported import Exported, exported_input
 from .interrupts import critical
 from .lazy import LazyTensor, Owner, new_handle
 from .match import MISS, Made
@@ -165,7 +165,7 @@ class Recorder:
                 # A spec cannot describe it (no strides; no conj/neg bit): run for real.
                 raise Uncapturable(RuntimeError(f"input of layout {t.layout}, conj={t.is_conj()}"))
             sid = _storage_id(t)
-            if sid in _EXPORTED and is_exported(sid):
+            if sid is not None and exported_input(t, sid):
                 raise Exported(RuntimeError("the op touches memory read outside the dispatcher"))
             spec = TensorSpec.of(t)
             vid = self._new_value(spec, self.memo.intern(spec))
