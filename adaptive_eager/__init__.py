@@ -67,10 +67,40 @@ def __getattr__(name: str) -> Any:
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f".{target[0]}", __name__)
+    module = _import_whole(f".{target[0]}")
     value = module if target[1] is None else getattr(module, target[1])
     globals()[name] = value
     return value
+
+
+# Note [Lazy imports finish before a Ctrl-C]
+# The public names import the runtime on first use (networkx, torch's decompositions:
+# 0.5-2 s on a loaded machine). A SIGINT landing in that import left half-initialized
+# modules in sys.modules, and every later import of the package failed ("Algorithm
+# already exists in dispatch namespace" from networkx) though the program caught the
+# KeyboardInterrupt, as a loop stopped by Ctrl-C does (tests/test_faults_flush.py's
+# SIGINT trials, first trial, on a loaded machine). So in the main thread the import runs
+# with SIGINT noted, not raised, and the program's handler runs once it is done.
+def _import_whole(name: str) -> Any:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return importlib.import_module(name, __name__)
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except (ValueError, OSError):  # pragma: no cover - no signals here
+        return importlib.import_module(name, __name__)
+    if not callable(previous):  # SIG_IGN / SIG_DFL: nothing raises in Python
+        return importlib.import_module(name, __name__)
+    caught: list = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+    try:
+        return importlib.import_module(name, __name__)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            previous(*caught[0])
 
 
 def __dir__() -> list[str]:
