@@ -207,3 +207,17 @@ def test_low_precision_alpha_is_not_lifted():
         node = OpNode(aten.add.Tensor, (ValueRef(0), ValueRef(1)), (("alpha", 0.5),), (2,))
         assert (lift_rule(node, {0: spec, 1: spec, 2: spec}) is not None) == lifted, dtype
     assert LIFT_RULES[(aten.add.Tensor, "alpha")].rewrite
+
+
+def test_targets_gathered_from_an_input_are_checked_on_the_input():
+    """``yb = Y[idx]`` feeding nll_loss: yb's values are elements of Y, so the region is
+    checked on Y and not cut before the loss (issue 26: the cut split a training step in
+    two, and the second half read views of parameters it updates)."""
+    logits, y, idx = torch.randn(64, 10), torch.randint(0, 10, (1024,)), torch.randint(0, 1024, (64,))
+    w = _window([_op(aten.index.Tensor, (R(1), [R(2)]), (3,)),
+                 _op(aten.log_softmax.int, (R(0), 1), (4,)),
+                 _op(aten.nll_loss_forward.default, (R(4), R(3), None, 1, -100), (5, 6))],
+                {0: logits, 1: y, 2: idx}, {5})
+    (r,) = _plan(w, DefaultCost(min_work=0, call_us=0.0)).steps
+    assert r.fused and r.nodes == (0, 1, 2)
+    assert (1, 0, 10, -100) in r.index_checks and (2, -1024, 1024, None) in r.index_checks
