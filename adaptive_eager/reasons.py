@@ -183,8 +183,10 @@ FALLBACK_ADVICE: dict[str, str] = {
               "eagerly; move it out of the hot loop if it splits a region",
     "unsupported_by_backend": "the compile backend cannot run this op: try another backend "
                               "(--backend or ADAPTIVE_EAGER_BACKEND)",
-    "aliased_inputs": "the region updates views of one tensor in place (e.g. optimizer steps, "
-                      "slices written in place); it replays eagerly, results unchanged",
+    "aliased_inputs": "the region writes memory that two of its inputs share, views of one "
+                      "tensor it cannot rebuild from one of them (the reason names them: e.g. "
+                      "overlapping slices, one written in place); it replays eagerly, results "
+                      "unchanged (Note [Aliased inputs are rebuilt as views])",
     "factory": "creates a tensor from nothing (arange, zeros): it runs just before its "
                "region, which takes it as an input (Note [Factories outside Inductor "
                "regions]); nothing to change",

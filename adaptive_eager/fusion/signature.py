@@ -32,7 +32,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Hashable, Mapping
 
-from .ir import TensorSpec, ValueRef, Window
+from .ir import OpNode, TensorSpec, ValueRef, Window
 from .scalars import _BY_ID, lift_rule, lifted_value, rules_for, strip
 
 _F64 = struct.Struct("<d")
@@ -172,11 +172,13 @@ def window_key(window: Window, groups: Mapping[int, int]) -> tuple[Key, list[flo
 
 
 def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
-               outputs: tuple[int, ...], root_of: Mapping[int, int]) -> Key:
+               outputs: tuple[int, ...], root_of: Mapping[int, int],
+               derived: tuple[OpNode, ...] = ()) -> Key:
     """Structural key of one region (value ids renumbered; see the module docstring).
 
     ``root_of`` maps each input id to its storage root, so aliasing among the region's
-    inputs is part of the key.
+    inputs is part of the key. ``derived``: the view ops the region runs first (Note
+    [Aliased inputs are rebuilt as views]), keyed like its own nodes.
     """
     local: dict[int, int] = {v: i for i, v in enumerate(inputs)}
     specs = window.specs
@@ -196,8 +198,7 @@ def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
         return x
 
     parts = []
-    for i in nodes:
-        node = window.nodes[i]
+    for node in tuple(derived) + tuple(window.nodes[i] for i in nodes):
         rule = lift_rule(node, specs) if node.args else None
         args, kwargs = (node.args, node.kwargs) if rule is None else strip(node, rule)
         a, k = renum(args), renum(kwargs)
