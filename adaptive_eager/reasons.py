@@ -67,6 +67,7 @@ class R:
     NOTHING_TO_FUSE = "nothing_to_fuse"
     ALIASED_INPUTS = "aliased_inputs"
     FACTORY = "factory"
+    OFFSET_VIEW = "offset_view"
     UNSUPPORTED_BY_BACKEND = "unsupported_by_backend"
     NAN_PAYLOAD = "nan_payload"
     UNCHECKED_INDEX = "unchecked_index"
@@ -187,6 +188,10 @@ FALLBACK_ADVICE: dict[str, str] = {
                       "tensor it cannot rebuild from one of them (the reason names them: e.g. "
                       "overlapping slices, one written in place); it replays eagerly, results "
                       "unchanged (Note [Aliased inputs are rebuilt as views])",
+    "offset_view": "a slice, narrow or select of a real tensor (a batch X[i:i + n] of a "
+                   "dataset): it runs just before its region, which takes the view as an "
+                   "input, so one compiled region serves every offset (Note [View offsets "
+                   "are inputs]); nothing to change",
     "factory": "creates a tensor from nothing (arange, zeros): it runs just before its "
                "region, which takes it as an input (Note [Factories outside Inductor "
                "regions]); nothing to change",

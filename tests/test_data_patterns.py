@@ -37,3 +37,13 @@ def test_gathered_batches_fuse(draw):
     assert r["pct"] >= 85.0, (r["fused"], r["ran"])
     assert r["compiled"] == 1 and r["calls"] >= 25, (r["compiled"], r["calls"])
     assert not r["reasons"], r["reasons"]
+
+
+def test_a_moving_slice_is_one_region():
+    """``X[i:i + 64]`` with i moving: one window key, one compiled region, the slices
+    eager beside it (Note [View offsets are inputs])."""
+    r = measure(lambda: functools.partial(mlp_setup("slice"), 30), **FORCED)
+    assert r["same"]
+    assert r["compiled"] == 1 and r["calls"] >= 25, (r["compiled"], r["calls"])
+    assert r["pct"] >= 85.0, (r["fused"], r["ran"])
+    assert set(r["reasons"].values()) == {("offset_view",)}, r["reasons"]

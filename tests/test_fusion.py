@@ -278,3 +278,37 @@ def test_overlapping_slices_one_written_stay_eager_and_say_which():
     assert not last.fused and last.reason.startswith("aliased_inputs: "), last
     assert last.reason == "aliased_inputs: a 256x256 float32 tensor at offset 256, a 256x256 " \
                           "float32 tensor share storage; aten::mul_.Tensor writes it", last.reason
+
+
+def _sliced(start):
+    """A batch sliced from a real tensor at ``start``, then computed on."""
+    X = torch.randn(1024, 256)
+    return _window([_op(aten.slice.Tensor, (R(0), 0, start, start + 64), (1,)),
+                    _op(aten.mul.Tensor, (R(1), 2.0), (2,)), _op(aten.relu.default, (R(2),), (3,))],
+                   {0: X}, {3}, {1: 0})
+
+
+def test_a_moving_slice_is_one_window_and_one_region():
+    """Note [View offsets are inputs]: the start is not in the window key, the slice runs
+    just before the region, and the region is keyed without its input's offset."""
+    w8, w64 = _sliced(8), _sliced(64)
+    assert window_key(w8, storage_groups(w8))[0] == window_key(w64, storage_groups(w64))[0]
+    p8, p64 = _plan(w8), _plan(w64)
+    assert [(r.nodes, r.fused, r.reason) for r in p8.steps] == \
+        [((0,), False, "offset_view"), ((1, 2), True, "")]
+    assert p8.steps[1].inputs == (1,) and p8.steps[1].key == p64.steps[1].key
+    # a shorter last batch is another window
+    w_end = _window([_op(aten.slice.Tensor, (R(0), 0, 1000, 1064), (1,))], {0: torch.randn(1024, 4)},
+                    {1}, {1: 0})
+    w_mid = _window([_op(aten.slice.Tensor, (R(0), 0, 900, 964), (1,))], {0: torch.randn(1024, 4)},
+                    {1}, {1: 0})
+    assert window_key(w_end, storage_groups(w_end))[0] != window_key(w_mid, storage_groups(w_mid))[0]
+
+
+def test_offsets_stay_in_the_key_where_inputs_share_storage():
+    X = torch.randn(1024, 256)
+    w = _window([_op(aten.add.Tensor, (R(0), R(1)), (2,)), _op(aten.mul.Tensor, (R(2), 2.0), (3,))],
+                {0: X[:64], 1: X[8:72]}, {3})
+    w2 = _window([_op(aten.add.Tensor, (R(0), R(1)), (2,)), _op(aten.mul.Tensor, (R(2), 2.0), (3,))],
+                 {0: X[:64], 1: X[16:80]}, {3})
+    assert _plan(w).steps[0].key != _plan(w2).steps[0].key

@@ -31,6 +31,7 @@ from .graph import StorageRoots, ancestor_masks, build_dag
 from .aliasing import rebase
 from .indices import IndexUse, entry_value, index_uses
 from .ir import OpNode, Window
+from .offsets import OFFSET_VIEWS, is_offset_view
 from .policy import CostModel, SupportPolicy, summarize
 from .signature import region_key
 from ..reasons import R
@@ -94,7 +95,10 @@ def partition(window: Window, groups: Mapping[int, int], support: SupportPolicy,
     producer: dict[int, int] = {}  # value id -> index of the node that made it
     region = _Open(window, roots, producer)
     for i, node in enumerate(window.nodes):
-        reason = support.unsupported(node, window.specs)
+        if node.target in OFFSET_VIEWS and is_offset_view(node, window.inputs):
+            reason: str | None = R.OFFSET_VIEW  # Note [View offsets are inputs]
+        else:
+            reason = support.unsupported(node, window.specs)
         uses = index_uses(node, window.specs) if reason is None else ()
         if uses is None:
             reason = R.UNCHECKED_INDEX  # Note [Compiled code never sees an index eager would reject]

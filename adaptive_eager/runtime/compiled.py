@@ -264,8 +264,11 @@ class CompiledExecutor:
             mutated = tuple(j for j, v in enumerate(region.inputs) if v in region.mutated)
             lifted = {i: (index[i], lift_rule(window.nodes[i], window.specs).where)
                       for i in region.nodes if i in index}
-            steps.append(Step(region, slots, mutated, _by_input(region),
-                              EagerReplay(region.nodes, region.outputs, lifted)))
+            # an offset view's integers are not in the key (Note [View offsets are
+            # inputs]): run from this window's node, never from generated code
+            replay = None if region.reason == R.OFFSET_VIEW else \
+                EagerReplay(region.nodes, region.outputs, lifted)
+            steps.append(Step(region, slots, mutated, _by_input(region), replay))
         return Plan(tuple(steps), any(r.fused for r in part.steps))
 
     # -- running --------------------------------------------------------------------
