@@ -47,3 +47,44 @@ def test_a_moving_slice_is_one_region():
     assert r["compiled"] == 1 and r["calls"] >= 25, (r["compiled"], r["calls"])
     assert r["pct"] >= 85.0, (r["fused"], r["ran"])
     assert set(r["reasons"].values()) == {("offset_view",)}, r["reasons"]
+
+
+def test_word_language_model_compiles_no_region_that_never_runs():
+    """word_language_model (8 batches x 2 epochs, capture forced): every region compiled
+    is called compiled afterwards. Before issue 26 its 12 regions were keyed by the slice
+    start and none ran; with the start out of the key, the epochs' last batches and the
+    evaluations' first windows (seen once an epoch) compiled 3 regions that never ran
+    (Note [Rare windows wait])."""
+    from collections import Counter
+    from unittest import mock
+
+    import adaptive_eager as ae
+    from adaptive_eager import session
+    from adaptive_eager.benchmarks.patterns import _same
+    from adaptive_eager.benchmarks.workloads.patterns import PATTERNS, TEST_STEPS
+    from adaptive_eager.runtime.compiled import CompiledExecutor
+    from adaptive_eager.runtime.compiler import CompileService
+
+    calls: Counter = Counter()
+    submitted: list = []
+    bind, submit = CompiledExecutor._bind, CompileService.submit
+
+    def counting_bind(self, region, env, outs):
+        calls[region.key] += 1
+        return bind(self, region, env, outs)
+
+    def counting_submit(self, entry, build):
+        submitted.append(entry.key)
+        return submit(self, entry, build)
+
+    steps = TEST_STEPS["lstm_lm"]
+    expected = PATTERNS["lstm_lm"](steps)
+    session.clear_sessions()
+    with mock.patch.object(CompiledExecutor, "_bind", counting_bind), \
+            mock.patch.object(CompileService, "submit", counting_submit), \
+            ae.adaptive_eager(backend="eager", adaptive_passthrough=False, min_region_work=0,
+                              async_compile=False):
+        actual = PATTERNS["lstm_lm"](steps)
+    session.clear_sessions()
+    assert _same(expected, actual)
+    assert submitted and all(calls[k] > 0 for k in submitted), [calls[k] for k in submitted]

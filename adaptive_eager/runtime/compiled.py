@@ -158,16 +158,17 @@ class CompiledExecutor:
         recurred = history is not None
         if recurred and history.key is not None:
             key = history.key  # the object the log holds: lookups with it compare by identity
+        if history is None:
+            history = self.windows.entry(key)
+        rare = self.windows.sighted(history)  # Note [Rare windows wait] (runtime/windows.py)
         n_ops = len(window.nodes)
-        how = route(history, n_ops, self.options, self.demote)
+        how = route(history if recurred else None, n_ops, self.options, self.demote, rare)
         if how == UNPAYING:
             return self._run_unpaying(window, history, key), None
         if how == NOVEL:
             if _MISS_LOG.isEnabledFor(logging.DEBUG):
                 self._log_miss(window)  # a new window, not the second sighting of one
-            return self._run_novel(window, self.windows.entry(key), key, recurred), None
-        if history is None:
-            history = self.windows.entry(key)
+            return self._run_novel(window, history, key, recurred), None
         first = history.plan is None
         if first:
             if not history.novel and _MISS_LOG.isEnabledFor(logging.DEBUG):
