@@ -88,3 +88,36 @@ def test_word_language_model_compiles_no_region_that_never_runs():
     session.clear_sessions()
     assert _same(expected, actual)
     assert submitted and all(calls[k] > 0 for k in submitted), [calls[k] for k in submitted]
+
+
+def test_sampling_a_growing_sequence_stays_eager_under_forced_capture():
+    """120 tokens of nanoGPT sampling, capture forced: no region compiles (at most 4 were
+    asked for), values equal eager's, and after a window comes back grown the runtime
+    stays eager and its report says so (Note [Growing windows stay eager under forced
+    capture]). Times: ``python -m benchmarks.data_patterns sample --reps 7``."""
+    from adaptive_eager.benchmarks.data_patterns import sample_setup
+    from adaptive_eager.reporting import format_report
+
+    r = measure(lambda: sample_setup(120), **FORCED)
+    s = r["stats"]
+    assert r["same"]
+    assert s.regions_compiled <= 4 and s.windows <= 3, (s.regions_compiled, s.windows)
+    text = " ".join(format_report(s).split())
+    assert "parked staying eager: a window came back grown" in text, text
+
+
+def test_forced_policy_stays_eager_on_growth_not_on_one_new_shape():
+    from adaptive_eager.runtime.adapt import DeferPolicy
+    from adaptive_eager.runtime.executor import Verdict
+
+    forced = DeferPolicy(enabled=False)
+    forced.note(Verdict(50, novel=True))
+    forced.note(Verdict(50, novel=True, reshaped=True))  # a last, shorter batch
+    assert forced.should_defer()
+    forced.note(Verdict(50, worth=True))  # a known window: the streak starts again
+    forced.note(Verdict(50, novel=True, reshaped=True, grew=True))
+    assert not forced.should_defer() and forced.reason.startswith("staying eager: a window came back grown")
+    two = DeferPolicy(enabled=False)
+    two.note(Verdict(50, novel=True, reshaped=True))
+    two.note(Verdict(50, novel=True, reshaped=True))
+    assert not two.should_defer() and "2 windows in a row came back with new shapes" in two.reason

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import time
 from typing import Any, Callable
 
@@ -20,6 +21,8 @@ import torch.nn.functional as F
 
 import adaptive_eager as ae
 from adaptive_eager import session
+
+from .patterns import _same
 
 
 def _mlp() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -65,49 +68,54 @@ def mlp_setup(draw: str) -> Callable[[int], dict[str, Any]]:
     return loop
 
 
-def sample(steps: int) -> dict[str, Any]:
-    """nanoGPT sample.py: top-k + multinomial, the sequence growing one token a step."""
-    from adaptive_eager.benchmarks.workloads.patterns import GPT  # noqa: PLC0415
+def sample_setup(tokens: int) -> Callable[[], dict[str, Any]]:
+    """nanoGPT sample.py: the model made (loaded) outside the measured block; the loop
+    samples ``tokens`` tokens with top-k + multinomial, the sequence growing one a step."""
+    from .workloads.patterns import GPT  # noqa: PLC0415
     torch.manual_seed(1337)
     model = GPT(block_size=256)
     model.eval()
-    x = torch.tensor([[0]], dtype=torch.long)
-    with torch.no_grad():
-        y = model.generate(x, steps, temperature=0.8, top_k=10)
-    return {"tokens": y[0].tolist()}
+
+    def loop() -> dict[str, Any]:
+        torch.manual_seed(1337)
+        x = torch.tensor([[0]], dtype=torch.long)
+        with torch.no_grad():
+            y = model.generate(x, tokens, temperature=0.8, top_k=10)
+        return {"tokens": y[0].tolist()}
+    return loop
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-def measure(make: Callable[[], Callable[[], Any]], **options: Any) -> dict[str, Any]:
-    """``make()`` builds the program (outside any block) twice: run once eagerly, once
-    under ``adaptive_eager(**options)``; results compared after the block."""
-    fn = make()
-    t = time.perf_counter()
-    expected = fn()
-    eager_s = time.perf_counter() - t
-    session.clear_sessions()
-    ae.reset_stats()
-    fn = make()
-    t = time.perf_counter()
-    with ae.adaptive_eager(**options):
-        actual = fn()
-    ae_s = time.perf_counter() - t
-    s = ae.stats()
-    session.clear_sessions()
+def measure(make: Callable[[], Callable[[], Any]], reps: int = 1, **options: Any) -> dict[str, Any]:
+    """``make()`` builds the program (outside any block) afresh for each run: eagerly,
+    then under ``adaptive_eager(**options)``, ``reps`` times alternating; results of the
+    first pair compared after the block, stats of the last run under the runtime, times
+    the median (wall and process CPU) of the pairs."""
+    eager_s, ae_s, eager_cpu, ae_cpu = [], [], [], []
+    for rep in range(reps):
+        fn = make()
+        t, c = time.perf_counter(), time.process_time()
+        result = fn()
+        eager_s.append(time.perf_counter() - t)
+        eager_cpu.append(time.process_time() - c)
+        expected = result if rep == 0 else expected
+        session.clear_sessions()
+        ae.reset_stats()
+        fn = make()
+        t, c = time.perf_counter(), time.process_time()
+        with ae.adaptive_eager(**options):
+            result = fn()
+        ae_s.append(time.perf_counter() - t)
+        ae_cpu.append(time.process_time() - c)
+        actual = result if rep == 0 else actual
+        s = ae.stats()
+        session.clear_sessions()
     ran = s.ops_fused + s.ops_eager
     return {"same": _same(expected, actual), "fused": s.ops_fused, "ran": ran,
             "pct": 100.0 * s.ops_fused / ran if ran else 0.0, "compiled": s.regions_compiled,
-            "calls": s.compiled_calls, "reasons": dict(s.fallback_reasons), "eager_s": eager_s,
-            "ae_s": ae_s, "stats": s}
+            "calls": s.compiled_calls, "reasons": dict(s.fallback_reasons),
+            "eager_s": statistics.median(eager_s), "ae_s": statistics.median(ae_s),
+            "eager_cpu_s": statistics.median(eager_cpu), "ae_cpu_s": statistics.median(ae_cpu),
+            "first_ae_s": ae_s[0], "stats": s}
 
 
 def main() -> None:
@@ -117,18 +125,23 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=120)
     ap.add_argument("--backend", default="aot_eager")
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="alternating eager/runtime runs; times are their medians")
     a = ap.parse_args()
     torch.set_num_threads(1)
     options = {"backend": a.backend, "adaptive_passthrough": False, "async_compile": False}
     for name in a.patterns:
         if name == "sample":
-            make: Callable[[], Callable[[], Any]] = lambda: lambda: sample(a.tokens)  # noqa: E731
+            make: Callable[[], Callable[[], Any]] = lambda: sample_setup(a.tokens)  # noqa: E731
         else:
             make = lambda name=name: functools.partial(mlp_setup(name), a.steps)  # noqa: E731
-        r = measure(make, **options)
+        r = measure(make, a.reps, **options)
         print(f"{name:13s} same={r['same']} fused {r['fused']:,}/{r['ran']:,} ({r['pct']:.1f}%) "
-              f"compiled {r['compiled']} calls {r['calls']} eager {r['eager_s']:.2f}s "
-              f"ae {r['ae_s']:.2f}s ({r['ae_s'] / r['eager_s']:.1f}x)")
+              f"compiled {r['compiled']} calls {r['calls']}")
+        print(f"{'':13s} median of {a.reps}: eager {r['eager_s']:.3f}s wall {r['eager_cpu_s']:.3f}s cpu, "
+              f"runtime {r['ae_s']:.3f}s wall {r['ae_cpu_s']:.3f}s cpu "
+              f"({r['ae_s'] / r['eager_s']:.2f}x wall, {r['ae_cpu_s'] / r['eager_cpu_s']:.2f}x cpu); "
+              f"first runtime run {r['first_ae_s']:.2f}s")
         reasons = sorted({x for v in r["reasons"].values() for x in v})
         print(f"{'':13s} fallback reasons: {reasons}")
         if a.report:

@@ -224,8 +224,10 @@ class CompiledExecutor:
         history.novel = True
         history.eager_ns, history.capture_ns = eager_ns, capture_ns
         ops = tuple(node.target for node in window.nodes)  # the window without its shapes
-        reshaped = self.windows.reshaped(ops)
-        return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped,
+        specs = window.specs
+        sizes = tuple(specs[v].numel for node in window.nodes for v in node.outputs if v is not None)
+        reshaped, grew = self.windows.reshaped(ops, sizes)
+        return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped, grew=grew,
                                            eager_ns=eager_ns, capture_ns=capture_ns),
                            key, recurred)
 

@@ -125,11 +125,16 @@ class WindowLog:
             h = self._lru[key] = WindowHistory(key=key)
         return h
 
-    def reshaped(self, signature: Hashable) -> bool:
-        """Whether a window with these ops (other shapes) was seen lately; remembers it."""
-        seen = signature in self._signatures
-        self._signatures[signature] = True
-        return seen
+    def reshaped(self, signature: Hashable, sizes: tuple[int, ...] = ()) -> tuple[bool, bool]:
+        """(whether a window with these ops, on other shapes, was seen lately; whether each
+        of its ``sizes``, the element counts of its values, grew or stayed since); remembers
+        it."""
+        last = self._signatures.get(signature)
+        self._signatures[signature] = sizes
+        if last is None:
+            return False, False
+        grew = len(last) == len(sizes) and last != sizes and all(a <= b for a, b in zip(last, sizes))
+        return True, grew
 
     def __len__(self) -> int:
         return len(self._lru)
