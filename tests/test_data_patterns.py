@@ -107,17 +107,19 @@ def test_sampling_a_growing_sequence_stays_eager_under_forced_capture():
 
 
 def test_forced_policy_stays_eager_on_growth_not_on_one_new_shape():
-    from adaptive_eager.runtime.adapt import DeferPolicy
+    from adaptive_eager.runtime.adapt import RESHAPED_STREAK, DeferPolicy
     from adaptive_eager.runtime.executor import Verdict
 
     forced = DeferPolicy(enabled=False)
     forced.note(Verdict(50, novel=True))
     forced.note(Verdict(50, novel=True, reshaped=True))  # a last, shorter batch
+    forced.note(Verdict(50, worth=True))  # a known window: the streaks start again
+    forced.note(Verdict(50, novel=True, reshaped=True, grew=True))  # one larger batch
     assert forced.should_defer()
-    forced.note(Verdict(50, worth=True))  # a known window: the streak starts again
-    forced.note(Verdict(50, novel=True, reshaped=True, grew=True))
+    forced.note(Verdict(50, novel=True, reshaped=True, grew=True))  # and again: growing
     assert not forced.should_defer() and forced.reason.startswith("staying eager: a window came back grown")
-    two = DeferPolicy(enabled=False)
-    two.note(Verdict(50, novel=True, reshaped=True))
-    two.note(Verdict(50, novel=True, reshaped=True))
-    assert not two.should_defer() and "2 windows in a row came back with new shapes" in two.reason
+    shapes = DeferPolicy(enabled=False)
+    for _ in range(RESHAPED_STREAK):
+        assert shapes.should_defer()
+        shapes.note(Verdict(50, novel=True, reshaped=True))
+    assert not shapes.should_defer() and f"{RESHAPED_STREAK} windows in a row came back with new shapes" in shapes.reason

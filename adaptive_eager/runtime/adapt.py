@@ -52,15 +52,18 @@ RESHAPED_WEIGHT = 24
 # 120 sampled tokens at 10.5x eager with 0 regions compiled (190x before first sightings
 # were left unplanned, one compile per length). Of bucketing (pads: results differ from
 # eager's), dynamic shapes (a symbolic capture, not built) and staying eager, the policy
-# stays eager: at the first window that came back grown (the same ops, every value at
-# least as large as last time: Verdict.grew) or after RESHAPED_STREAK reshaped windows in
-# a row, it stops deferring even under forced capture, the report's phase says so, and a
-# probe captures again later (a window that stopped growing recurs and compiles).
+# stays eager: at a window that came back grown (the same ops, every value at least as
+# large as last time: Verdict.grew) right after another novel window, or after
+# RESHAPED_STREAK windows in a row with new shapes, it stops deferring even under forced
+# capture, the report's phase says so, and a probe captures again later (a window that
+# stopped growing recurs and compiles). One larger batch among recurring windows is not
+# growth, nor are an epoch's shorter last batch and an evaluation's (word_language_model
+# parked under forced capture when two reshaped windows in a row were enough).
 # Default options already passed such windows through after two (RESHAPED_WEIGHT); this
 # only adds the forced case. Measured with ``python -m benchmarks.data_patterns sample
 # --reps 7`` (120 tokens, the model made before the block): 2 windows captured, 0 regions
 # compiled; the times are in the README's Limitations.
-RESHAPED_STREAK = 2
+RESHAPED_STREAK = 8
 GROWING_REASON = ("staying eager: a window came back grown (a growing sequence); nothing "
                   "compiles for such windows (no dynamic shapes)")
 RESHAPED_REASON = ("staying eager: {n} windows in a row came back with new shapes; nothing "
@@ -190,6 +193,7 @@ class DeferPolicy:
         self.novel_patience = novel_patience
         self._novel_streak = 0
         self._reshaped_streak = 0  # Note [Growing windows stay eager under forced capture]
+        self._novel_run = 0  # novel windows in a row (of 4 ops or more)
         self._growing = ""
         self._streak = 0
         self._defer = not self.warming
@@ -374,10 +378,12 @@ class DeferPolicy:
                 # GPT forward with a new length each step costs 3-4x eager to capture).
                 self._novel_streak += RESHAPED_WEIGHT if verdict.reshaped else 1
                 self._reshaped_streak = self._reshaped_streak + 1 if verdict.reshaped else 0
+                self._novel_run += 1
                 if self.enabled and self._novel_streak >= self.novel_patience:
                     self._cannot_pay = ""
                     self._stop()
-                elif not self.enabled and (verdict.grew or self._reshaped_streak >= RESHAPED_STREAK):
+                elif not self.enabled and ((verdict.grew and self._novel_run >= 2) or
+                                           self._reshaped_streak >= RESHAPED_STREAK):
                     # Note [Growing windows stay eager under forced capture]
                     self._growing = (GROWING_REASON if verdict.grew else RESHAPED_REASON).format(
                         n=self._reshaped_streak)
@@ -385,6 +391,7 @@ class DeferPolicy:
             return
         self._novel_streak = 0
         self._reshaped_streak = 0
+        self._novel_run = 0
         if verdict.worth:
             self._streak = 0
             if not self._defer:

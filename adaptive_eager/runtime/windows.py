@@ -101,6 +101,7 @@ class WindowLog:
         self._lru: cachetools.LRUCache = cachetools.LRUCache(maxsize)
         self._signatures: cachetools.LRUCache = cachetools.LRUCache(signatures)
         self.clock = 0  # sightings so far, of every key
+        self._last_novel: tuple | None = None  # (signature, sizes, clock) of the last novel one
 
     def sighted(self, history: WindowHistory) -> bool:
         """Count a sighting of ``history``'s window; True when it is the second, and the
@@ -126,15 +127,17 @@ class WindowLog:
         return h
 
     def reshaped(self, signature: Hashable, sizes: tuple[int, ...] = ()) -> tuple[bool, bool]:
-        """(whether a window with these ops, on other shapes, was seen lately; whether each
-        of its ``sizes``, the element counts of its values, grew or stayed since); remembers
-        it."""
-        last = self._signatures.get(signature)
-        self._signatures[signature] = sizes
-        if last is None:
-            return False, False
-        grew = len(last) == len(sizes) and last != sizes and all(a <= b for a, b in zip(last, sizes))
-        return True, grew
+        """(whether a window with these ops, on other shapes, was seen lately; whether it
+        grew: the window flushed just before was one of these, and each of ``sizes``, the
+        element counts of the values, is at least what it was there); remembers it."""
+        seen = signature in self._signatures
+        self._signatures[signature] = True
+        last = self._last_novel
+        self._last_novel = (signature, sizes, self.clock)
+        grew = last is not None and last[2] == self.clock - 1 and last[0] == signature and \
+            len(last[1]) == len(sizes) and last[1] != sizes and \
+            all(a <= b for a, b in zip(last[1], sizes))
+        return seen, grew
 
     def __len__(self) -> int:
         return len(self._lru)
