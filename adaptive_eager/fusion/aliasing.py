@@ -74,7 +74,7 @@ def _chain(vid: int, window: Window, producer: Mapping[int, int]) -> tuple[int, 
         node = window.nodes[i]
         if not node.is_view:
             return vid, nodes
-        refs = [a for a in node.inputs()]
+        refs = list(node.inputs())
         base = node.args[0] if node.args else None
         if type(base) is not ValueRef or len(refs) != 1 or "as_strided" in op_name(node.target):
             return None
@@ -141,9 +141,10 @@ def _base(origins: list[int], window: Window) -> int | None:
     """The origin the others are permutations of (all of them real tensors), or None."""
     if len(origins) == 1:
         return origins[0]
+    if any(o not in window.inputs for o in origins):
+        return None
     for b in origins:
-        if all(o == b or (o in window.inputs and permutation(window.specs[b], window.specs[o]) is not None)
-               for o in origins) and b in window.inputs:
+        if all(o == b or permutation(window.specs[b], window.specs[o]) is not None for o in origins):
             return b
     return None
 

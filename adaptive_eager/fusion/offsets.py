@@ -21,7 +21,8 @@
 #
 # Measured (``python -m benchmarks.data_patterns slice``, capture forced, aot_eager, 30
 # steps of a two-layer MLP with AdamW, synchronous compiles): before, 14 regions compiled
-# and 0 of 1,382 ops fused; after, one region and its slices eager beside it.
+# and 0 of 1,298 ops fused; after, one region, 1,107 of 1,298 ops fused (85%, the two
+# slices of each step and the first three steps eager), as with a tensor per batch (89%).
 
 Example::
 

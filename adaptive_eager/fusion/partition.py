@@ -217,15 +217,16 @@ def _close(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
     rebased = rebase(window, nodes, inputs, mutated, roots.root, producer, index_checks)
     if isinstance(rebased, str):
         return Region(tuple(nodes), inputs, outputs, mutated, False, rebased)
-    derived, inputs, mutated = rebased
-    summary = summarize([window.nodes[i] for i in nodes], list(inputs), list(outputs),
-                        list(mutated), dict(window.specs))
+    derived, fused_inputs, fused_mutated = rebased
+    summary = summarize([window.nodes[i] for i in nodes], list(fused_inputs), list(outputs),
+                        list(fused_mutated), dict(window.specs))
     reason = cost.decide(summary)
-    if reason is not None:
+    if reason is not None:  # replayed op by op: its inputs as the nodes read them
         return Region(tuple(nodes), inputs, outputs, mutated, False, reason)
-    key = region_key(window, tuple(nodes), inputs, outputs, {v: roots.root(v) for v in inputs},
-                     derived)
-    return Region(tuple(nodes), inputs, outputs, mutated, True, "", key, index_checks, derived)
+    key = region_key(window, tuple(nodes), fused_inputs, outputs,
+                     {v: roots.root(v) for v in fused_inputs}, derived)
+    return Region(tuple(nodes), fused_inputs, outputs, fused_mutated, True, "", key, index_checks,
+                  derived)
 
 
 def check(window: Window, part: Partition, dag) -> None:  # noqa: ANN001 - networkx graph
