@@ -68,6 +68,7 @@ class R:
     NOTHING_TO_FUSE = "nothing_to_fuse"
     ALIASED_INPUTS = "aliased_inputs"
     FACTORY = "factory"
+    OFFSET_VIEW = "offset_view"
     UNSUPPORTED_BY_BACKEND = "unsupported_by_backend"
     NAN_PAYLOAD = "nan_payload"
     UNCHECKED_INDEX = "unchecked_index"
@@ -187,8 +188,14 @@ FALLBACK_ADVICE: dict[str, str] = {
               "eagerly; move it out of the hot loop if it splits a region",
     "unsupported_by_backend": "the compile backend cannot run this op: try another backend "
                               "(--backend or ADAPTIVE_EAGER_BACKEND)",
-    "aliased_inputs": "the region updates views of one tensor in place (e.g. optimizer steps, "
-                      "slices written in place); it replays eagerly, results unchanged",
+    "aliased_inputs": "the region writes memory that two of its inputs share, views of one "
+                      "tensor it cannot rebuild from one of them (the reason names them: e.g. "
+                      "overlapping slices, one written in place); it replays eagerly, results "
+                      "unchanged (Note [Aliased inputs are rebuilt as views])",
+    "offset_view": "a slice, narrow or select of a real tensor (a batch X[i:i + n] of a "
+                   "dataset): it runs just before its region, which takes the view as an "
+                   "input, so one compiled region serves every offset (Note [View offsets "
+                   "are inputs]); nothing to change",
     "factory": "creates a tensor from nothing (arange, zeros): it runs just before its "
                "region, which takes it as an input (Note [Factories outside Inductor "
                "regions]); nothing to change",

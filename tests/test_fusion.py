@@ -207,3 +207,108 @@ def test_low_precision_alpha_is_not_lifted():
         node = OpNode(aten.add.Tensor, (ValueRef(0), ValueRef(1)), (("alpha", 0.5),), (2,))
         assert (lift_rule(node, {0: spec, 1: spec, 2: spec}) is not None) == lifted, dtype
     assert LIFT_RULES[(aten.add.Tensor, "alpha")].rewrite
+
+
+def test_targets_gathered_from_an_input_are_checked_on_the_input():
+    """``yb = Y[idx]`` feeding nll_loss: yb's values are elements of Y, so the region is
+    checked on Y and not cut before the loss (issue 26: the cut split a training step in
+    two, and the second half read views of parameters it updates)."""
+    logits, y, idx = torch.randn(64, 10), torch.randint(0, 10, (1024,)), torch.randint(0, 1024, (64,))
+    w = _window([_op(aten.index.Tensor, (R(1), [R(2)]), (3,)),
+                 _op(aten.log_softmax.int, (R(0), 1), (4,)),
+                 _op(aten.nll_loss_forward.default, (R(4), R(3), None, 1, -100), (5, 6))],
+                {0: logits, 1: y, 2: idx}, {5})
+    (r,) = _plan(w, DefaultCost(min_work=0, call_us=0.0)).steps
+    assert r.fused and r.nodes == (0, 1, 2)
+    assert (1, 0, 10, -100) in r.index_checks and (2, -1024, 1024, None) in r.index_checks
+
+
+def _split_step(w_input, view_node):
+    """A step cut in two by an eager op: the second half reads ``view_node``'s result (a
+    view of W, made before it) and updates W in place (an optimizer step)."""
+    x = torch.randn(256, 256)
+    nodes = [view_node,                                              # %2 = view of W
+             _op(aten.mm.default, (R(1), R(2)), (3,)),                # forward
+             _op(aten.nonzero.default, (R(3),), (4,)),                # eager: cuts the step
+             _op(aten.mm.default, (R(3), R(2)), (5,)),                # backward reads W.t()
+             _op(aten.mul_.Tensor, (R(0), 0.9), (0,), (0,)),          # W updated
+             _op(aten.add.Tensor, (R(5), R(0)), (6,))]                # reads W after
+    return _window(nodes, {0: w_input, 1: x}, {4, 6}, {2: 0} if view_node.is_view else {})
+
+
+def test_a_view_made_before_a_region_that_writes_its_base_is_rebuilt_inside():
+    """Note [Aliased inputs are rebuilt as views]: the region takes W alone and runs the
+    recorded ``t`` first; its graph computes what the nodes compute in order."""
+    W = torch.randn(256, 256)
+    w = _split_step(W, OpNode(aten.t.default, (R(0),), (), (2,), (), True))
+    steps = _plan(w).steps
+    last = steps[-1]
+    assert last.fused and last.nodes == (3, 4, 5), steps
+    assert last.inputs == (3, 0) and last.mutated == (0,)
+    assert [n.target for n in last.derived] == [aten.t.default]
+    from adaptive_eager.fusion.fxgraph import lower
+    from adaptive_eager.runtime.executor import run_node
+    env = {0: W.clone(), 1: w.inputs[1]}
+    for n in w.nodes:
+        run_node(n, env)
+    W2 = W.clone()
+    env2 = {0: W2, 1: w.inputs[1]}
+    run_node(w.nodes[0], env2), run_node(w.nodes[1], env2)
+    (out,) = torch.compile(lower(w, last).module, backend="aot_eager")(env2[3], W2, torch.tensor(0.9))
+    assert torch.equal(out, env[6]) and torch.equal(W2, env[0])
+
+
+def test_real_inputs_that_are_permutations_of_one_another_are_rebuilt():
+    W = torch.randn(256, 256)
+    w = _split_step(W, OpNode(aten.t.default, (R(0),), (), (2,), (), True))
+    w = Window({0: W, 1: w.inputs[1], 2: W.t()}, w.nodes[1:], w.specs, w.outputs)  # W.t() real
+    last = _plan(w).steps[-1]
+    assert last.fused and last.inputs == (3, 2), last  # W.t() is the base, read first
+    assert [(n.target, n.args, n.outputs) for n in last.derived] == \
+        [(aten.permute.default, (R(2), [1, 0]), (0,))]
+
+
+def test_overlapping_slices_one_written_stay_eager_and_say_which():
+    W, x = torch.randn(512, 256), torch.randn(256, 256)
+    nodes = [_op(aten.mm.default, (R(1), R(2)), (3,)), _op(aten.nonzero.default, (R(3),), (4,)),
+             _op(aten.mm.default, (R(3), R(2)), (5,)), _op(aten.mul_.Tensor, (R(0), 0.9), (0,), (0,)),
+             _op(aten.add.Tensor, (R(5), R(0)), (6,))]
+    w = _window(nodes, {0: W[:256], 1: x, 2: W[1:257]}, {4, 6})
+    last = _plan(w).steps[-1]
+    assert not last.fused and last.reason.startswith("aliased_inputs: "), last
+    assert last.reason == "aliased_inputs: a 256x256 float32 tensor at offset 256, a 256x256 " \
+                          "float32 tensor share storage; aten::mul_.Tensor writes it", last.reason
+
+
+def _sliced(start):
+    """A batch sliced from a real tensor at ``start``, then computed on."""
+    X = torch.randn(1024, 256)
+    return _window([_op(aten.slice.Tensor, (R(0), 0, start, start + 64), (1,)),
+                    _op(aten.mul.Tensor, (R(1), 2.0), (2,)), _op(aten.relu.default, (R(2),), (3,))],
+                   {0: X}, {3}, {1: 0})
+
+
+def test_a_moving_slice_is_one_window_and_one_region():
+    """Note [View offsets are inputs]: the start is not in the window key, the slice runs
+    just before the region, and the region is keyed without its input's offset."""
+    w8, w64 = _sliced(8), _sliced(64)
+    assert window_key(w8, storage_groups(w8))[0] == window_key(w64, storage_groups(w64))[0]
+    p8, p64 = _plan(w8), _plan(w64)
+    assert [(r.nodes, r.fused, r.reason) for r in p8.steps] == \
+        [((0,), False, "offset_view"), ((1, 2), True, "")]
+    assert p8.steps[1].inputs == (1,) and p8.steps[1].key == p64.steps[1].key
+    # a shorter last batch is another window
+    w_end = _window([_op(aten.slice.Tensor, (R(0), 0, 1000, 1064), (1,))], {0: torch.randn(1024, 4)},
+                    {1}, {1: 0})
+    w_mid = _window([_op(aten.slice.Tensor, (R(0), 0, 900, 964), (1,))], {0: torch.randn(1024, 4)},
+                    {1}, {1: 0})
+    assert window_key(w_end, storage_groups(w_end))[0] != window_key(w_mid, storage_groups(w_mid))[0]
+
+
+def test_offsets_stay_in_the_key_where_inputs_share_storage():
+    X = torch.randn(1024, 256)
+    w = _window([_op(aten.add.Tensor, (R(0), R(1)), (2,)), _op(aten.mul.Tensor, (R(2), 2.0), (3,))],
+                {0: X[:64], 1: X[8:72]}, {3})
+    w2 = _window([_op(aten.add.Tensor, (R(0), R(1)), (2,)), _op(aten.mul.Tensor, (R(2), 2.0), (3,))],
+                 {0: X[:64], 1: X[16:80]}, {3})
+    assert _plan(w).steps[0].key != _plan(w2).steps[0].key

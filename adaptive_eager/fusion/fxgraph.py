@@ -72,7 +72,8 @@ def lower(window: Window, region: Region) -> Lowered:
     env: dict[int, fx.Node] = {}
     for j, vid in enumerate(region.inputs):
         env[vid] = g.placeholder(f"in{j}")
-    nodes = [window.nodes[i] for i in region.nodes]
+    # Note [Aliased inputs are rebuilt as views]: the derived views first
+    nodes = list(region.derived) + [window.nodes[i] for i in region.nodes]
     rules = [lift_rule(n, window.specs) if n.args else None for n in nodes]
     scalar_nodes = [g.placeholder(f"s{j}") for j in range(sum(r is not None for r in rules))]
     dtypes: list[torch.dtype] = []

@@ -211,6 +211,9 @@ _ELEMENTS_OF_FIRST = frozenset({
     "aten::diagonal", "aten::split", "aten::split_with_sizes", "aten::unbind", "aten::chunk",
     "aten::clone", "aten::contiguous", "aten::_to_copy", "aten::repeat", "aten::flatten",
     "aten::movedim", "aten::lift_fresh", "aten::lift_fresh_copy",
+    # gathers: a batch of targets drawn as ``Y[idx]`` (Note [Compiled code never sees an
+    # index eager would reject]); their own indices are checked by their own rules
+    "aten::index", "aten::_unsafe_index", "aten::index_select", "aten::gather", "aten::take",
 })
 
 

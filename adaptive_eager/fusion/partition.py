@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from typing import Hashable, Mapping
 
 from .graph import StorageRoots, ancestor_masks, build_dag
+from .aliasing import rebase
 from .indices import IndexUse, entry_value, index_uses
-from .ir import Window
+from .ir import OpNode, Window
+from .offsets import OFFSET_VIEWS, is_offset_view
 from .policy import CostModel, SupportPolicy, summarize
 from .signature import region_key
 from ..reasons import R
@@ -46,7 +48,10 @@ class Region:
     why. ``key`` is the region signature (fused regions only). ``index_checks``: (input,
     lo, hi, allowed) for each input whose elements index something in the region; every
     element must lie in ``[lo, hi)`` or equal ``allowed`` before the region is called
-    compiled (Note [Compiled code never sees an index eager would reject]).
+    compiled (Note [Compiled code never sees an index eager would reject]). ``derived``:
+    view ops a fused region runs first, on its inputs, to rebuild values it reads that
+    share storage with an input it writes (Note [Aliased inputs are rebuilt as views]);
+    their outputs are not inputs.
     """
 
     nodes: tuple[int, ...]
@@ -57,6 +62,7 @@ class Region:
     reason: str = ""
     key: Hashable = None
     index_checks: tuple[tuple[int, int, int, int | None], ...] = ()
+    derived: tuple[OpNode, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,10 @@ def partition(window: Window, groups: Mapping[int, int], support: SupportPolicy,
     producer: dict[int, int] = {}  # value id -> index of the node that made it
     region = _Open(window, roots, producer)
     for i, node in enumerate(window.nodes):
-        reason = support.unsupported(node, window.specs)
+        if node.target in OFFSET_VIEWS and is_offset_view(node, window.inputs):
+            reason: str | None = R.OFFSET_VIEW  # Note [View offsets are inputs]
+        else:
+            reason = support.unsupported(node, window.specs)
         uses = index_uses(node, window.specs) if reason is None else ()
         if uses is None:
             reason = R.UNCHECKED_INDEX  # Note [Compiled code never sees an index eager would reject]
@@ -151,7 +160,8 @@ class _Open:
         self.checks.extend(c for c in checks if c not in self.checks)
 
     def close(self, readers: Mapping[int, list[int]], cost: CostModel) -> Region:
-        return _close(self.window, self.nodes, readers, self.roots, cost, tuple(self.checks))
+        return _close(self.window, self.nodes, readers, self.roots, cost, self.producer,
+                      tuple(self.checks))
 
 
 def _readers(window: Window) -> dict[int, list[int]]:
@@ -200,22 +210,23 @@ def _eager(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
 
 
 def _close(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
-           roots: StorageRoots, cost: CostModel, index_checks: tuple = ()) -> Region:
+           roots: StorageRoots, cost: CostModel, producer: Mapping[int, int],
+           index_checks: tuple = ()) -> Region:
     inputs, outputs, mutated = _io(window, nodes, readers, roots)
-    # Note [Aliased inputs are not fused]
-    # A compiler sees each input as its own buffer. If two inputs share storage and the
-    # region writes it, the compiled code could read stale data; such regions stay eager.
-    in_roots = [roots.root(v) for v in inputs]
-    written = {roots.root(v) for v in mutated}
-    if len(set(in_roots)) < len(in_roots) and any(in_roots.count(r) > 1 for r in written):
-        return Region(tuple(nodes), inputs, outputs, mutated, False, R.ALIASED_INPUTS)
-    summary = summarize([window.nodes[i] for i in nodes], list(inputs), list(outputs),
-                        list(mutated), dict(window.specs))
+    # Note [Aliased inputs are rebuilt as views] (fusion/aliasing.py)
+    rebased = rebase(window, nodes, inputs, mutated, roots.root, producer, index_checks)
+    if isinstance(rebased, str):
+        return Region(tuple(nodes), inputs, outputs, mutated, False, rebased)
+    derived, fused_inputs, fused_mutated = rebased
+    summary = summarize([window.nodes[i] for i in nodes], list(fused_inputs), list(outputs),
+                        list(fused_mutated), dict(window.specs))
     reason = cost.decide(summary)
-    if reason is not None:
+    if reason is not None:  # replayed op by op: its inputs as the nodes read them
         return Region(tuple(nodes), inputs, outputs, mutated, False, reason)
-    key = region_key(window, tuple(nodes), inputs, outputs, {v: roots.root(v) for v in inputs})
-    return Region(tuple(nodes), inputs, outputs, mutated, True, "", key, index_checks)
+    key = region_key(window, tuple(nodes), fused_inputs, outputs,
+                     {v: roots.root(v) for v in fused_inputs}, derived)
+    return Region(tuple(nodes), fused_inputs, outputs, fused_mutated, True, "", key, index_checks,
+                  derived)
 
 
 def check(window: Window, part: Partition, dag) -> None:  # noqa: ANN001 - networkx graph

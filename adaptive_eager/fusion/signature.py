@@ -32,7 +32,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Hashable, Mapping
 
-from .ir import TensorSpec, ValueRef, Window
+from .ir import OpNode, TensorSpec, ValueRef, Window
+from .offsets import OFFSET_VIEWS, input_spec_key, is_offset_view, key_part
 from .scalars import _BY_ID, lift_rule, lifted_value, rules_for, strip
 
 _F64 = struct.Struct("<d")
@@ -42,7 +43,9 @@ _F64 = struct.Struct("<d")
 # So its key must list everything the compiled code may have specialized on: the graph
 # (targets, constants, structure), each input's shape, stride, storage offset, dtype and
 # device, which inputs alias each other, and which values are returned. Lifted scalars
-# contribute their slot and dtype only. Nothing else reaches the compiled code.
+# contribute their slot and dtype only; an input alone in its storage, its alignment
+# instead of its offset (Note [View offsets are inputs]). Nothing else reaches the
+# compiled code.
 
 
 # Note [Keys hash once]
@@ -151,8 +154,12 @@ def window_key(window: Window, groups: Mapping[int, int]) -> tuple[Key, list[flo
     parts: list[Any] = []
     append = parts.append
     memo = _BY_ID
+    inputs = window.inputs
     for node in window.nodes:
         target = node.target
+        if target in OFFSET_VIEWS and is_offset_view(node, inputs):
+            append(key_part(node, specs))  # Note [View offsets are inputs]
+            continue
         rule = None
         r = memo.get(id(target))
         if r is None:
@@ -166,17 +173,19 @@ def window_key(window: Window, groups: Mapping[int, int]) -> tuple[Key, list[flo
             args, kwargs = strip(node, rule)
         append((target, _freeze_args(args), _freeze(kwargs) if kwargs else (), node.outputs,
                 node.mutates))
-    inputs = tuple((vid, spec_key(specs[vid]), groups.get(vid, vid)) for vid in window.inputs)
-    key = (inputs, tuple(parts), tuple(window.alias_root.items()), tuple(sorted(window.outputs)))
+    in_keys = tuple((vid, spec_key(specs[vid]), groups.get(vid, vid)) for vid in inputs)
+    key = (in_keys, tuple(parts), tuple(window.alias_root.items()), tuple(sorted(window.outputs)))
     return Key(key), floats
 
 
 def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
-               outputs: tuple[int, ...], root_of: Mapping[int, int]) -> Key:
+               outputs: tuple[int, ...], root_of: Mapping[int, int],
+               derived: tuple[OpNode, ...] = ()) -> Key:
     """Structural key of one region (value ids renumbered; see the module docstring).
 
     ``root_of`` maps each input id to its storage root, so aliasing among the region's
-    inputs is part of the key.
+    inputs is part of the key. ``derived``: the view ops the region runs first (Note
+    [Aliased inputs are rebuilt as views]), keyed like its own nodes.
     """
     local: dict[int, int] = {v: i for i, v in enumerate(inputs)}
     specs = window.specs
@@ -196,8 +205,7 @@ def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
         return x
 
     parts = []
-    for i in nodes:
-        node = window.nodes[i]
+    for node in tuple(derived) + tuple(window.nodes[i] for i in nodes):
         rule = lift_rule(node, specs) if node.args else None
         args, kwargs = (node.args, node.kwargs) if rule is None else strip(node, rule)
         a, k = renum(args), renum(kwargs)
@@ -208,9 +216,13 @@ def region_key(window: Window, nodes: tuple[int, ...], inputs: tuple[int, ...],
         parts.append((node.target, a, k, outs))
     first_root: dict[int, int] = {}
     aliasing = tuple(first_root.setdefault(root_of[v], j) for j, v in enumerate(inputs))
-    in_specs = tuple(spec_key(specs[v]) for v in inputs)
+    # Note [View offsets are inputs]: an input alone in its storage is keyed without its
+    # offset, unless the region reinterprets storage (as_strided takes absolute offsets)
+    strided = any("as_strided" in str(p[0]) for p in parts)
+    alone = {r for r in first_root if sum(root_of[v] == r for v in inputs) == 1}
+    in_specs = tuple(input_spec_key(specs[v], strided or root_of[v] not in alone) for v in inputs)
     out_ids = tuple(local[v] for v in outputs)
-    out_specs = tuple(spec_key(specs[v]) for v in outputs)
+    out_specs = tuple(input_spec_key(specs[v], strided) for v in outputs)
     return Key((tuple(parts), in_specs, aliasing, out_ids, out_specs))
 
 

@@ -44,6 +44,31 @@ from .windows import CAPTURE_NS_PER_OP
 # with novel_patience 48, a first sighting and two reshaped ones stop deferral.
 RESHAPED_WEIGHT = 24
 
+# Note [Growing windows stay eager under forced capture]
+# A window that comes back with new shapes every time (nanoGPT's sampling loop: the
+# sequence grows a token a step) never recurs, so nothing compiles for it (Note [First
+# sightings are not planned]), and capturing it costs each op's metadata kernels afresh.
+# With capture forced (adaptive_passthrough off) nothing stopped that: issue 26 measured
+# 120 sampled tokens at 10.5x eager with 0 regions compiled (190x before first sightings
+# were left unplanned, one compile per length). Of bucketing (pads: results differ from
+# eager's), dynamic shapes (a symbolic capture, not built) and staying eager, the policy
+# stays eager: at a window that came back grown (the same ops, every value at least as
+# large as last time: Verdict.grew) right after another novel window, or after
+# RESHAPED_STREAK windows in a row with new shapes, it stops deferring even under forced
+# capture, the report's phase says so, and a probe captures again later (a window that
+# stopped growing recurs and compiles). One larger batch among recurring windows is not
+# growth, nor are an epoch's shorter last batch and an evaluation's (word_language_model
+# parked under forced capture when two reshaped windows in a row were enough).
+# Default options already passed such windows through after two (RESHAPED_WEIGHT); this
+# only adds the forced case. Measured with ``python -m benchmarks.data_patterns sample
+# --reps 7`` (120 tokens, the model made before the block): 2 windows captured, 0 regions
+# compiled; the times are in the README's Limitations.
+RESHAPED_STREAK = 8
+GROWING_REASON = ("staying eager: a window came back grown (a growing sequence); nothing "
+                  "compiles for such windows (no dynamic shapes)")
+RESHAPED_REASON = ("staying eager: {n} windows in a row came back with new shapes; nothing "
+                   "compiles for such windows (no dynamic shapes)")
+
 
 # -- the session's pass-through policy ------------------------------------------------------
 # Note [Windows that cannot pay stop deferral]
@@ -197,6 +222,9 @@ class DeferPolicy:
         self.probe_every = probe_every
         self.novel_patience = novel_patience
         self._novel_streak = 0
+        self._reshaped_streak = 0  # Note [Growing windows stay eager under forced capture]
+        self._novel_run = 0  # novel windows in a row (of 4 ops or more)
+        self._growing = ""
         self._streak = 0
         self._defer = not self.warming
         self._calls = 0
@@ -379,11 +407,21 @@ class DeferPolicy:
                 # fold: the second reshaped window in a row passes through (measured: a
                 # GPT forward with a new length each step costs 3-4x eager to capture).
                 self._novel_streak += RESHAPED_WEIGHT if verdict.reshaped else 1
+                self._reshaped_streak = self._reshaped_streak + 1 if verdict.reshaped else 0
+                self._novel_run += 1
                 if self.enabled and self._novel_streak >= self.novel_patience:
                     self._cannot_pay = ""
                     self._stop()
+                elif not self.enabled and ((verdict.grew and self._novel_run >= 2) or
+                                           self._reshaped_streak >= RESHAPED_STREAK):
+                    # Note [Growing windows stay eager under forced capture]
+                    self._growing = (GROWING_REASON if verdict.grew else RESHAPED_REASON).format(
+                        n=self._reshaped_streak)
+                    self._stop()
             return
         self._novel_streak = 0
+        self._reshaped_streak = 0
+        self._novel_run = 0
         if verdict.worth:
             self._streak = 0
             if not self._defer:
@@ -411,6 +449,8 @@ class DeferPolicy:
             return WAITING_REASON
         if self._cannot_pay:
             return self._cannot_pay
+        if self._growing:
+            return self._growing
         if self._novel_streak >= self.novel_patience:
             return f"{self._novel_streak} windows in a row never seen before (they do not recur)"
         return f"{self._streak} windows in a row held nothing worth compiling"
@@ -466,7 +506,7 @@ class DeferPolicy:
 
 
 __all__ = [
-    "RESHAPED_WEIGHT", "CANNOT_PAY_EVIDENCE_NS", "CANNOT_PAY_SHARE", "PROBE_SHARE", "MEASURE_OPS",
+    "RESHAPED_WEIGHT", "RESHAPED_STREAK", "GROWING_REASON", "RESHAPED_REASON", "CANNOT_PAY_EVIDENCE_NS", "CANNOT_PAY_SHARE", "PROBE_SHARE", "MEASURE_OPS",
     "SEED_OPS", "MEASURE_MAX_NS", "MEASURE_NS_PER_OP", "LAUNCH_MEASURE_NS_PER_OP", "WARMUP_REASON",
     "WAITING_REASON", "DeferPolicy", "Verdict",
 ]

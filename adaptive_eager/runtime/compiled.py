@@ -169,16 +169,17 @@ class CompiledExecutor:
         recurred = history is not None
         if recurred and history.key is not None:
             key = history.key  # the object the log holds: lookups with it compare by identity
+        if history is None:
+            history = self.windows.entry(key)
+        rare = self.windows.sighted(history)  # Note [Rare windows wait] (runtime/windows.py)
         n_ops = len(window.nodes)
-        how = route(history, n_ops, self.options, self.demote)
+        how = route(history if recurred else None, n_ops, self.options, self.demote, rare)
         if how == UNPAYING:
             return self._run_unpaying(window, history, key, groups), None
         if how == NOVEL:
             if _MISS_LOG.isEnabledFor(logging.DEBUG):
                 self._log_miss(window)  # a new window, not the second sighting of one
-            return self._run_novel(window, self.windows.entry(key), key, recurred, groups), None
-        if history is None:
-            history = self.windows.entry(key)
+            return self._run_novel(window, history, key, recurred, groups), None
         first = history.plan is None
         if first:
             if not history.novel and _MISS_LOG.isEnabledFor(logging.DEBUG):
@@ -238,8 +239,10 @@ class CompiledExecutor:
         history.novel = True
         history.eager_ns, history.capture_ns = eager_ns, capture_ns
         ops = tuple(node.target for node in window.nodes)  # the window without its shapes
-        reshaped = self.windows.reshaped(ops)
-        return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped,
+        specs = window.specs
+        sizes = tuple(specs[v].numel for node in window.nodes for v in node.outputs if v is not None)
+        reshaped, grew = self.windows.reshaped(ops, sizes)
+        return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped, grew=grew,
                                            eager_ns=eager_ns, capture_ns=capture_ns),
                            key, recurred, groups)
 
@@ -285,8 +288,11 @@ class CompiledExecutor:
             lifted = {i: (index[i], lift_rule(window.nodes[i], window.specs).where)
                       for i in region.nodes if i in index}
             mine = {i: release[i] for i in region.nodes if i in release}
-            steps.append(Step(region, slots, mutated, _by_input(region),
-                              EagerReplay(region.nodes, region.outputs, lifted, mine), mine,
+            # an offset view's integers are not in the key (Note [View offsets are
+            # inputs]): run from this window's node, never from generated code
+            replay = None if region.reason == R.OFFSET_VIEW else \
+                EagerReplay(region.nodes, region.outputs, lifted, mine)
+            steps.append(Step(region, slots, mutated, _by_input(region), replay, mine,
                               tuple(v for vs in mine.values() for v in vs)))
         return Plan(tuple(steps), any(r.fused for r in part.steps),
                     replay_peak(window, order))

@@ -24,7 +24,7 @@ Example::
     ...            {0: TensorSpec.of(x), 1: TensorSpec.of(x)}, frozenset({1}))
     >>> r = EagerExecutor().run(w)
     >>> r.values[1], r.verdict
-    (tensor([2., 2.]), Verdict(ops=1, worth=False, novel=False, reshaped=False, pending=False, eager_ns=None, capture_ns=None))
+    (tensor([2., 2.]), Verdict(ops=1, worth=False, novel=False, reshaped=False, pending=False, eager_ns=None, capture_ns=None, grew=False))
 """
 
 from __future__ import annotations
@@ -128,7 +128,9 @@ class Verdict:
     first sighting of ops seen lately on other shapes; ``pending``: its regions are
     compiling (Note [Waiting for compiles runs eagerly]); ``eager_ns`` / ``capture_ns``:
     its eager run and its capture (first op to flush) when it was replayed eagerly and
-    timed (Note [Windows that cannot pay stop deferral], runtime/adapt.py).
+    timed (Note [Windows that cannot pay stop deferral], runtime/adapt.py); ``grew``: a
+    reshaped window whose values are each at least as large as last time (a growing
+    sequence, Note [Growing windows stay eager under forced capture]).
     """
 
     ops: int
@@ -138,6 +140,7 @@ class Verdict:
     pending: bool = False
     eager_ns: int | None = None
     capture_ns: int | None = None
+    grew: bool = False
 
 
 @dataclass(frozen=True, slots=True)

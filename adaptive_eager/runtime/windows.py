@@ -63,6 +63,8 @@ class WindowHistory:
     eager_ns: int | None = None
     capture_ns: int | None = None
     key: Any = None  # the key object it is stored under (Note [Keys hash once])
+    sightings: int = 0
+    seen_at: int = -1  # WindowLog.clock at its last sighting (Note [Rare windows wait])
 
     def pays(self, n_ops: int) -> bool:
         """Whether its eager run outweighs capturing it (Note [Windows that cannot pay for
@@ -98,6 +100,22 @@ class WindowLog:
     def __init__(self, maxsize: int, signatures: int = 256):
         self._lru: cachetools.LRUCache = cachetools.LRUCache(maxsize)
         self._signatures: cachetools.LRUCache = cachetools.LRUCache(signatures)
+        self.clock = 0  # sightings so far, of every key
+        self._last_novel: tuple | None = None  # (signature, sizes, clock) of the last novel one
+
+    def sighted(self, history: WindowHistory) -> bool:
+        """Count a sighting of ``history``'s window; True when it is the second, and the
+        others came back more often in between than there were others (Note [Rare
+        windows wait])."""
+        rare = False
+        if history.sightings == 1:
+            between = self.clock - history.seen_at - 1
+            others = sum(1 for h in self._lru.values() if h.seen_at > history.seen_at)
+            rare = between - others > others
+        history.sightings += 1
+        history.seen_at = self.clock
+        self.clock += 1
+        return rare
 
     def get(self, key: Hashable) -> WindowHistory | None:
         return self._lru.get(key)
@@ -108,11 +126,18 @@ class WindowLog:
             h = self._lru[key] = WindowHistory(key=key)
         return h
 
-    def reshaped(self, signature: Hashable) -> bool:
-        """Whether a window with these ops (other shapes) was seen lately; remembers it."""
+    def reshaped(self, signature: Hashable, sizes: tuple[int, ...] = ()) -> tuple[bool, bool]:
+        """(whether a window with these ops, on other shapes, was seen lately; whether it
+        grew: the window flushed just before was one of these, and each of ``sizes``, the
+        element counts of the values, is at least what it was there); remembers it."""
         seen = signature in self._signatures
         self._signatures[signature] = True
-        return seen
+        last = self._last_novel
+        self._last_novel = (signature, sizes, self.clock)
+        grew = last is not None and last[2] == self.clock - 1 and last[0] == signature and \
+            len(last[1]) == len(sizes) and last[1] != sizes and \
+            all(a <= b for a, b in zip(last[1], sizes))
+        return seen, grew
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -122,7 +147,8 @@ class WindowLog:
 UNPAYING, NOVEL, PLANNED = "unpaying", "novel", "planned"
 
 
-def route(history: WindowHistory | None, n_ops: int, options: Any, demote: bool) -> str:
+def route(history: WindowHistory | None, n_ops: int, options: Any, demote: bool,
+          rare: bool = False) -> str:
     """What to do with a window of this key: replay it eagerly because its capture
     cannot pay (UNPAYING), replay it eagerly as a first sighting (NOVEL), or run its plan
     (PLANNED, making it if needed).
@@ -147,9 +173,22 @@ def route(history: WindowHistory | None, n_ops: int, options: Any, demote: bool)
             options.adaptive_passthrough and not history.pays(n_ops):
         return UNPAYING
     if (history is None or history.plan is None) and options.compile_after > 1 and \
-            (history is None or not history.novel):
+            (history is None or not history.novel or rare):
         return NOVEL
     return PLANNED
+
+
+# Note [Rare windows wait]
+# A window seen a second time is planned and its regions compile (compile_after=2). For
+# a window that comes back once per epoch (an epoch's last, shorter batch; an
+# evaluation's first window, which makes its hidden state) that compile is spent on a
+# region that runs once an epoch, if ever again: word_language_model at 8 batches x 2
+# epochs compiled 3 regions (of 5) that never ran. So a second sighting whose gap held
+# more repeats of other windows than other windows (``WindowLog.sighted``: the flushes
+# between its sightings, less the distinct keys among them, exceed those keys; a
+# training step's windows come back with no repeat in between) is replayed like a first
+# one; its third sighting is planned. The cost where it guesses wrong (a window once
+# per gradient-accumulation cycle) is one more eager run of it.
 
 
 def judge(history: WindowHistory, n_ops: int, worth: bool, ran_compiled: bool,
