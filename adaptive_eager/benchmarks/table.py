@@ -56,7 +56,7 @@ def summarize(runs: Iterable[Dict[str, Any]], workload_order: Sequence[str] = ()
             if r is None:
                 row[mode] = None
                 continue
-            row[mode] = {"status": r.get("status"), "time_s": r.get("time_s"),
+            row[mode] = {"status": r.get("status"), "time_s": r.get("time_s"), "peak_mib": r.get("peak_mib"),
                          "spread_rel": r.get("spread_rel"), "first_iter_s": r.get("first_iter_s"),
                          "enter_s": r.get("enter_s"), "message": r.get("message")}
             if (r.get("extra") or {}).get("launches_per_iter") is not None:
@@ -91,12 +91,23 @@ def _first_cell(cell: Optional[Dict[str, Any]]) -> str:
     return fmt_time(cell.get("first_iter_s"))
 
 
+def _peak_cell(r: Dict[str, Any]) -> str:
+    """Peak resident set above the run's start, eager / adaptive, in MiB (glibc's heap
+    keeps freed memory: ``python -m benchmarks.memory`` measures live tensors)."""
+    cells = []
+    for mode in ("eager", "adaptive"):
+        c = r.get(mode) or {}
+        cells.append("-" if c.get("peak_mib") is None else f"{c['peak_mib']:.0f}")
+    return "/".join(cells)
+
+
 def _count(x) -> str:
     return "-" if x is None else (f"{x:.0f}" if isinstance(x, float) else str(x))
 
 
 HEADERS = ("workload", "eager", "adaptive", "compile", "eager/adapt", "compile/adapt",
-           "1st eager", "1st adapt", "1st compile", "compiles", "hit rate*", "fused")
+           "1st eager", "1st adapt", "1st compile", "compiles", "hit rate*", "fused",
+           "peak MiB e/a")
 
 
 def _steady_hit_rate(r: Dict[str, Any]) -> Optional[float]:
@@ -120,7 +131,7 @@ def table_rows(rows: Sequence[Dict[str, Any]]) -> List[List[str]]:
                     fmt_ratio(r.get("vs_compile")), _first_cell(r.get("eager")),
                     _first_cell(r.get("adaptive")), _first_cell(r.get("compile")),
                     _count(r.get("adaptive_compiles")), fmt_pct(_steady_hit_rate(r)),
-                    fmt_pct(r.get("adaptive_fused_share"))])
+                    fmt_pct(r.get("adaptive_fused_share")), _peak_cell(r)])
     return out
 
 

@@ -124,6 +124,7 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
 
     sync = api.sync if api is not None else (lambda: None)
     step = wl.step
+    rss_start = _reset_peak_rss()  # Note: the peak row (benchmarks/memory.py has the method)
 
     def one() -> float:
         t = time.perf_counter()
@@ -184,6 +185,9 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
         return res
 
     all_times = warm_times + times
+    peak = _peak_rss()
+    if rss_start is not None and peak is not None:
+        res["peak_mib"] = (peak - rss_start) / 1024  # peak resident set above the run's start
     res["first_iter_s"] = all_times[0] if all_times else None
     res["warmup"] = n_warm
     res["warmup_extra"] = extra_warm
@@ -227,6 +231,32 @@ def _kv(s: str) -> Dict[str, Any]:
         except ValueError:
             out[k.strip()] = v
     return out
+
+
+def _status_kib(field: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> Optional[int]:
+    """Reset the peak resident set (Linux) and return the current one, in KiB (None
+    where it cannot be reset)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _status_kib("VmRSS")
+
+
+def _peak_rss() -> Optional[int]:
+    return _status_kib("VmHWM")
 
 
 def main(argv=None) -> int:
