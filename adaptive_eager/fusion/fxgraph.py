@@ -45,8 +45,9 @@ class Lowered:
     scalar_dtypes: tuple[torch.dtype, ...]
     scalar_shapes: tuple[tuple[int, ...], ...] = ()  # () for a float, (n,) for a list
 
-    def example_inputs(self) -> list[torch.Tensor]:
-        """Fresh tensors with the recorded specs (values are irrelevant to compilers).
+    def example_inputs(self, device: torch.device | None = None) -> list[torch.Tensor]:
+        """Fresh tensors with the recorded specs (values are irrelevant to compilers);
+        ``device``: made there instead of on the specs' device.
 
         Uninitialized (``torch.empty``): zero-filled examples of a large region were
         memory the program's peak paid for while it compiled (Note [Replay frees at last
@@ -54,7 +55,7 @@ class Lowered:
         """
         out = []
         for s in self.input_specs:
-            base = torch.empty(max(s.extent, 1), dtype=s.dtype, device=s.device)
+            base = torch.empty(max(s.extent, 1), dtype=s.dtype, device=device or s.device)
             out.append(base.as_strided(s.shape, s.stride, s.storage_offset))
         shapes = self.scalar_shapes or ((),) * len(self.scalar_dtypes)
         out.extend(torch.ones(shape, dtype=d) for d, shape in zip(self.scalar_dtypes, shapes))

@@ -147,6 +147,7 @@ def for_device(compile_fn: CompileFn, device_type: str) -> CompileFn:
 
         return call
 
+    compile_on_cpu.examples_device = torch.device("cpu")  # type: ignore[attr-defined]
     return compile_on_cpu
 
 

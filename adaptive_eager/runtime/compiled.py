@@ -344,7 +344,10 @@ class CompiledExecutor:
 
     def _lower(self, window: Window, region: Region) -> tuple[Any, list]:
         lowered = lower(window, region)
-        return lowered.module, lowered.example_inputs()
+        # A backend that compiles on CPU views (the emulated device) takes CPU examples:
+        # no device memory for them (Note [Compiling for the emulated neuron device]).
+        return lowered.module, lowered.example_inputs(
+            getattr(self.compiler.compile_fn, "examples_device", None))
 
     def _scalars(self, step: Step, entry: RegionEntry, floats: list) -> list[torch.Tensor]:
         out = []
