@@ -227,3 +227,40 @@ def test_a_large_region_that_writes_an_input_it_only_reads_raises():
     with pytest.raises(CompiledCodeWroteInput, match="only reads"):
         ex.run(_window(x, p))
     assert ex.counters.compile_failures == 1
+
+
+# -- the emulated device: a training loop's device memory ---------------------------------
+
+def _train(ctx, steps=6):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64)).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = [(torch.randn(128, 64).to("neuron"), torch.randn(128, 64).to("neuron"))
+               for _ in range(2)]
+    base = torch.neuron.memory_allocated()
+    torch.neuron.reset_peak_memory_stats()
+    losses = []
+    with ctx:
+        for i in range(steps):
+            x, y = batches[i % 2]
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+    return losses, torch.neuron.max_memory_allocated() - base
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_training_loop_holds_no_more_device_memory_than_eager(backend):
+    import contextlib
+
+    want, eager_peak = _train(contextlib.nullcontext())
+    got, peak = _train(ae.adaptive_eager(device="neuron", backend=backend, compile_after=1,
+                                         async_compile=False, **FORCED))
+    assert ae.stats().compiled_calls > 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # first compiled calls are checked on host copies (Note [The first compiled call runs
+    # on copies]), replays free at last use: never above eager's device peak
+    assert peak <= 1.1 * eager_peak, (peak / 2**20, eager_peak / 2**20)

@@ -58,8 +58,8 @@ from ..fusion.scalars import lift_rule, lifted_dtype, scalar_dtype
 from ..fusion.signature import miss_cause, outline, window_key
 from .backends import backend_support, for_device, get_backend, is_debugging
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
-from .checks import (aliases_any, bits_hash, clone_strided, indices_in_range, inputs_intact,
-                     outputs_match, summaries_close, summary)
+from .checks import indices_in_range
+from .first_call import CompiledCodeWroteInput, first_call
 from .compiler import CompileService
 from .counters import Counters
 from .memory import window_budget
@@ -144,7 +144,8 @@ class CompiledExecutor:
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel)
         self.demote = not is_debugging(options.backend)
-        # Note [The first compiled call runs on copies]: larger first calls are checked lean.
+        # Note [The first compiled call runs on copies] (first_call.py): larger first
+        # calls are checked lean.
         self.check_bytes = window_budget(options) // 4
         # Note [One history per window key] (runtime/windows.py): plan, first sighting and
         # measured times of a window key live in one entry, evicted together.
@@ -419,130 +420,18 @@ class CompiledExecutor:
         self.counters.compiled_calls += 1
         self.counters.ops_fused += len(region.nodes)
 
-    # Note [The first compiled call runs on copies]
-    # An artifact's first call is checked: its outputs against the recorded specs, the
-    # inputs it must only read against what they held, and (``verify_compiled``) its
-    # outputs and in-place updates against an eager run. It runs on copies of every
-    # argument, so that no compiler bug reaches the program's data: a write into an input
-    # the region only reads is caught on the copy, and an in-place update (an SGD step,
-    # ``p.data.add_(g)``, Note [Writes through views made inside a region]) lands on the
-    # copy, to be compared with eager's, which is the one the program keeps. Only a
-    # region that writes no input, returns no view of one and passed every check binds
-    # the compiled results of this call; the others run eagerly this once. The copies
-    # cost each region's inputs once, in memory and time, at its first compiled call.
-    # That is a spike above eager's peak (a GPT step's regions copied its activations and
-    # held compiled and eager outputs at once: 2x eager's peak, ``python -m
-    # benchmarks.memory``), so a region whose inputs and outputs come to more than a
-    # quarter of the window budget (Note [A byte budget per window], runtime/memory.py)
-    # gets a lean check instead: only the inputs it writes are copied; those it only
-    # reads are handed as they are and hashed before and after (``checks.bits_hash``);
-    # its outputs are checked against the specs, summarized (``checks.summary``: sums,
-    # magnitudes, NaN and infinity counts) and dropped before the eager run, whose
-    # results the program keeps and the summaries are compared with. A lean check
-    # catches a wrong kernel but not a difference in a few last bits, and an input it
-    # only reads that the compiled code wrote cannot be put back: the region goes
-    # eager-only and the flush raises CompiledCodeWroteInput once the window is done.
     def _first_call(self, window: Window, step: Step, entry: RegionEntry, env: dict,
                     args: list, floats: list) -> bool:
-        """Check the artifact once, on copies (Note [The first compiled call runs on copies]).
-
-        True when the compiled results were bound; False when the region ran eagerly.
-        """
-        entry.checked = True
-        region = step.region
-        size = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
-        size += sum(_spec_bytes(window.specs[v]) for v in region.outputs)
-        if size > self.check_bytes:
-            return self._first_call_lean(window, step, entry, env, args, floats)
-        copies = [clone_strided(a) if isinstance(a, torch.Tensor) else a for a in args]
-        try:
-            outs = entry.fn(*copies)
-        except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
-            self.compiler.fail(entry, f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}")
-            self._run_eager(window, step, env, floats)
-            return False
-        region = step.region
-        problem = outputs_match(window, region, outs, None, None, None) or \
-            inputs_intact(region, args, copies)
-        if problem is None and not self.options.verify_compiled and not region.mutated \
-                and not aliases_any(outs, copies):
-            self._bind(region, env, outs)
-            return True
-        written = {v: env[v] for v in region.mutated}  # its run may drop the dead ones
-        t0 = time.perf_counter_ns()
-        self._run_eager(window, step, env, floats)
-        entry.eager_ns.append(time.perf_counter_ns() - t0)
-        if problem is None and self.options.verify_compiled:
-            ref = [env[v] for v in region.outputs]
-            problem = outputs_match(window, region, outs, ref, copies, written)
-        if problem is not None:
-            self.compiler.fail(entry, f"{R.COMPILED_OUTPUTS_DIFFER}: {problem}")
-        return False
-
-    def _first_call_lean(self, window: Window, step: Step, entry: RegionEntry, env: dict,
-                         args: list, floats: list) -> bool:
-        """The lean check of a large region's first call (Note [The first compiled call
-        runs on copies]); its eager run's results are the ones bound (False)."""
-        region = step.region
-        written = set(step.mutated)
-        hashes = {j: bits_hash(a) for j, a in enumerate(args)
-                  if j not in written and isinstance(a, torch.Tensor)}
-        call = [clone_strided(a) if j in written else a for j, a in enumerate(args)]
-        problem = None
-        sums = None
-        try:
-            outs = entry.fn(*call)
-        except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
-            problem = f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}"
-        else:
-            problem = outputs_match(window, region, outs, None, None, None)
-            if problem is None and self.options.verify_compiled:
-                sums = [summary(o) for o in outs]
-                sums_written = [summary(call[j]) for j in step.mutated]
-            del outs
-        del call
-        changed = [region.inputs[j] if j < len(region.inputs) else f"scalar {j}"
-                   for j, h in hashes.items() if bits_hash(args[j]) != h]
-        if changed:
-            reason = f"{R.COMPILED_OUTPUTS_DIFFER}: the compiled code wrote inputs it only reads ({changed})"
-            self.compiler.fail(entry, reason, stays_correct=False)
-            raise CompiledCodeWroteInput(reason)
-        t0 = time.perf_counter_ns()
-        self._run_eager(window, step, env, floats)
-        entry.eager_ns.append(time.perf_counter_ns() - t0)
-        if problem is None and sums is not None:
-            ref = [summary(env[v]) for v in region.outputs]
-            ref_written = [summary(args[j]) for j in step.mutated]
-            bad = [v for v, a, b in zip(region.outputs, sums, ref) if not summaries_close(a, b)]
-            bad += [region.inputs[j] for j, a, b in zip(step.mutated, sums_written, ref_written)
-                    if not summaries_close(a, b)]
-            if bad:
-                problem = f"values {bad} differ from eager's (lean check of a large region)"
-        if problem is not None:
-            if not problem.startswith(R.COMPILED_CALL_FAILED):
-                problem = f"{R.COMPILED_OUTPUTS_DIFFER}: {problem}"
-            self.compiler.fail(entry, problem)
-        return False
+        """Check the artifact once (Note [The first compiled call runs on copies],
+        runtime/first_call.py): True when its results were bound, False when the region
+        ran eagerly this time."""
+        return first_call(self, window, step, entry, env, args, floats)
 
     def _maybe_demote(self, entry: RegionEntry) -> None:
         if len(entry.compiled_ns) < _TIMED_CALLS or not entry.eager_ns:
             return
         if min(entry.compiled_ns) >= min(entry.eager_ns):
             self.compiler.fail(entry, f"{R.DEMOTED}: compiled not faster than eager", "demotions")
-
-
-class CompiledCodeWroteInput(BaseException):
-    """A compiled region's first call wrote an input it only reads, too large to have been
-    copied (Note [The first compiled call runs on copies]): the program's data is not what
-    eager would hold. A BaseException, as an interrupt is: the window is finished, then it
-    is raised at the flush."""
-
-
-def _spec_bytes(spec: Any) -> int:
-    n = spec.dtype.itemsize
-    for d in spec.shape:
-        n *= d
-    return n
 
 
 __all__ = ["CompiledExecutor", "CompiledCodeWroteInput", "Plan", "Step"]

@@ -1,0 +1,223 @@
+"""A compiled region's first call, checked before it is trusted.
+
+Note [The first compiled call runs on copies]
+An artifact's first call is checked: its outputs against the recorded specs, the inputs
+it must only read against what they held, and (``verify_compiled``) its outputs and
+in-place updates against an eager run. No compiler bug may reach the program's data, so
+the call never leaves its marks on the program's tensors, in one of three ways:
+
+- on the CPU, small regions (inputs and outputs within a quarter of the window budget,
+  Note [A byte budget per window], runtime/memory.py) run on copies of every argument: a
+  write into an input the region only reads is caught on the copy, and an in-place update
+  (an SGD step, ``p.data.add_(g)``, Note [Writes through views made inside a region])
+  lands on the copy, to be compared with eager's, which is the one the program keeps.
+  Only a region that writes no input, returns no view of one and passed every check
+  binds the compiled results of this call; the others run eagerly this once;
+- on the CPU, larger regions get a lean check: the copies were a spike above eager's
+  peak (a GPT step's regions copied its activations and held compiled and eager outputs
+  at once: 2x eager's peak, ``python -m benchmarks.memory``). Only the inputs the region
+  writes are copied; those it only reads are handed as they are and hashed before and
+  after (``checks.bits_hash``); its outputs are checked against the specs, summarized
+  (``checks.summary``: sums, magnitudes, NaN and infinity counts) and dropped before the
+  eager run, whose results the program keeps and the summaries are compared with. A lean
+  check catches a wrong kernel, not a difference in the last bits, and an input it only
+  reads that the compiled code wrote cannot be put back: the region goes eager-only and
+  the flush raises CompiledCodeWroteInput once the window is done;
+- on an accelerator (the emulated neuron device included), device memory is what a
+  program sized for eager runs out of, and host memory is plentiful: the call runs on
+  the program's own tensors after each argument was copied to the host; what the call
+  left (its outputs, the inputs it writes) is copied to the host, every argument is put
+  back from its host copy (and its version counter with it), and eager runs. Device
+  memory above eager's: nothing but the call's own outputs, which eager's run makes too
+  (an MLP training loop on the emulated device: 47 MiB at its first call with device
+  copies, 13 MiB eager).
+
+Example::
+
+    >>> import torch
+    >>> from adaptive_eager.runtime.first_call import on_host
+    >>> on_host(torch.ones(2, 3).t()).stride()   # a copy with the same strides
+    (1, 3)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ..fusion.ir import Window
+from ..reasons import R
+from .cache import RegionEntry
+from .checks import (aliases_any, bits_hash, clone_strided, close, inputs_intact, outputs_match,
+                     same_bits, summaries_close, summary)
+
+_set_versions = torch._C._autograd._unsafe_set_version_counter
+
+
+class CompiledCodeWroteInput(BaseException):
+    """A compiled region's first call wrote an input it only reads, too large to have been
+    copied (Note [The first compiled call runs on copies]): the program's data is not what
+    eager would hold. A BaseException, as an interrupt is: the window is finished, then it
+    is raised at the flush."""
+
+
+def on_host(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``t`` with its strides."""
+    try:
+        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    except RuntimeError:
+        return t.to("cpu", copy=True)
+    return out.copy_(t)
+
+
+def _spec_bytes(spec: Any) -> int:
+    n = spec.dtype.itemsize
+    for d in spec.shape:
+        n *= d
+    return n
+
+
+def first_call(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
+               args: list, floats: list) -> bool:
+    """Check ``entry``'s artifact on its first call (see the Note). ``ex``: the
+    CompiledExecutor (its options, compiler, eager runner and binder). True when the
+    compiled results were bound; False when the region ran eagerly."""
+    entry.checked = True
+    region = step.region
+    if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args):
+        return _via_host(ex, window, step, entry, env, args, floats)
+    size = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+    size += sum(_spec_bytes(window.specs[v]) for v in region.outputs)
+    if size > ex.check_bytes:
+        return _lean(ex, window, step, entry, env, args, floats)
+    return _on_copies(ex, window, step, entry, env, args, floats)
+
+
+def _eager(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict, floats: list) -> None:
+    t0 = time.perf_counter_ns()
+    ex._run_eager(window, step, env, floats)
+    entry.eager_ns.append(time.perf_counter_ns() - t0)
+
+
+def _fail(ex: Any, entry: RegionEntry, problem: str | None) -> None:
+    if problem is not None:
+        if not problem.startswith(R.COMPILED_CALL_FAILED):
+            problem = f"{R.COMPILED_OUTPUTS_DIFFER}: {problem}"
+        ex.compiler.fail(entry, problem)
+
+
+def _call(entry: RegionEntry, args: list) -> tuple[Any, str | None]:
+    try:
+        return entry.fn(*args), None
+    except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
+        return None, f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}"
+
+
+def _on_copies(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
+               args: list, floats: list) -> bool:
+    region = step.region
+    copies = [clone_strided(a) if isinstance(a, torch.Tensor) else a for a in args]
+    outs, problem = _call(entry, copies)
+    if problem is None:
+        problem = outputs_match(window, region, outs, None, None, None) or \
+            inputs_intact(region, args, copies)
+        if problem is None and not ex.options.verify_compiled and not region.mutated \
+                and not aliases_any(outs, copies):
+            ex._bind(region, env, outs)
+            return True
+    written = {v: env[v] for v in region.mutated}  # its run may drop the dead ones
+    _eager(ex, window, step, entry, env, floats)
+    if problem is None and ex.options.verify_compiled:
+        ref = [env[v] for v in region.outputs]
+        problem = outputs_match(window, region, outs, ref, copies, written)
+    _fail(ex, entry, problem)
+    return False
+
+
+def _lean(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
+          args: list, floats: list) -> bool:
+    region = step.region
+    written = set(step.mutated)
+    hashes = {j: bits_hash(a) for j, a in enumerate(args)
+              if j not in written and isinstance(a, torch.Tensor)}
+    call = [clone_strided(a) if j in written else a for j, a in enumerate(args)]
+    sums = sums_written = None
+    outs, problem = _call(entry, call)
+    if problem is None:
+        problem = outputs_match(window, region, outs, None, None, None)
+        if problem is None and ex.options.verify_compiled:
+            sums = [summary(o) for o in outs]
+            sums_written = [summary(call[j]) for j in step.mutated]
+    del outs, call
+    changed = [_name(region, j) for j, h in hashes.items() if bits_hash(args[j]) != h]
+    if changed:
+        reason = f"{R.COMPILED_OUTPUTS_DIFFER}: the compiled code wrote inputs it only reads ({changed})"
+        ex.compiler.fail(entry, reason, stays_correct=False)
+        raise CompiledCodeWroteInput(reason)
+    _eager(ex, window, step, entry, env, floats)
+    if problem is None and sums is not None:
+        ref = [summary(env[v]) for v in region.outputs]
+        ref_written = [summary(args[j]) for j in step.mutated]
+        bad = [v for v, a, b in zip(region.outputs, sums, ref) if not summaries_close(a, b)]
+        bad += [region.inputs[j] for j, a, b in zip(step.mutated, sums_written, ref_written)
+                if not summaries_close(a, b)]
+        if bad:
+            problem = f"values {bad} differ from eager's (lean check of a large region)"
+    _fail(ex, entry, problem)
+    return False
+
+
+def _via_host(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
+              args: list, floats: list) -> bool:
+    region = step.region
+    tensors = [j for j, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    saved = {j: on_host(args[j]) for j in tensors}
+    versions = {j: args[j]._version for j in tensors if not args[j].is_inference()}
+    got = got_written = None
+    outs, problem = _call(entry, args)
+    if problem is None:
+        problem = outputs_match(window, region, outs, None, None, None)
+        if problem is None and ex.options.verify_compiled:
+            got = [on_host(o) for o in outs]
+            got_written = [on_host(args[j]) for j in step.mutated]
+    del outs
+    written = set(step.mutated)
+    changed = [j for j in tensors if j not in written and not same_bits(on_host(args[j]), saved[j])]
+    try:
+        with torch.no_grad():
+            for j in tensors:  # put back whatever the call may have changed
+                if j in written or j in changed:
+                    args[j].copy_(saved[j])
+    except RuntimeError as e:  # an input that cannot be written back (an expanded view)
+        reason = f"{R.COMPILED_OUTPUTS_DIFFER}: the compiled code wrote inputs it only reads " \
+                 f"({[_name(region, j) for j in changed]}) and they cannot be put back: {e}"
+        ex.compiler.fail(entry, reason, stays_correct=False)
+        raise CompiledCodeWroteInput(reason) from e
+    back = [j for j in versions if j in written or j in changed]
+    if back:
+        _set_versions(tuple(args[j] for j in back), tuple(versions[j] for j in back))
+    del saved
+    if changed and problem is None:
+        problem = f"input {_name(region, changed[0])}: the compiled code wrote an input it only reads"
+    _eager(ex, window, step, entry, env, floats)
+    if problem is None and got is not None:
+        for vid, g in zip(region.outputs, got):
+            if not close(g, on_host(env[vid])):
+                problem = f"value {vid}: values differ from eager"
+                break
+        else:
+            for j, g in zip(step.mutated, got_written):
+                if not close(g, on_host(args[j])):
+                    problem = f"input {region.inputs[j]}: in-place update differs from eager"
+                    break
+    _fail(ex, entry, problem)
+    return False
+
+
+def _name(region: Any, j: int) -> Any:
+    return region.inputs[j] if j < len(region.inputs) else f"scalar {j}"
+
+
+__all__ = ["first_call", "on_host", "CompiledCodeWroteInput"]
