@@ -58,10 +58,11 @@ class Gathered:
     key: tuple
     inputs: list
     hyper: list
+    grads: frozenset = frozenset()  # positions of the grads in ``inputs``
 
 
 def _spec(t: torch.Tensor) -> tuple:
-    return (type(t), t.shape, t.stride(), t.dtype, t.device, t.layout)
+    return (t.shape, t.stride(), t.dtype, t.device)  # a handle and its real tensor alike
 
 
 def gather(opt: torch.optim.Optimizer, plain: tuple) -> Gathered | str:
@@ -72,10 +73,13 @@ def gather(opt: torch.optim.Optimizer, plain: tuple) -> Gathered | str:
     key: list = [type(opt)]
     inputs: list = []
     hyper: list = []
+    grads: list = []
     state = opt.state
     for group in opt.param_groups:
         for name, v in group.items():
             if name == "params":
+                continue
+            if name == "foreach" and v is not False:  # traced at the foreach level either way
                 continue
             tv = type(v)
             if tv is float:
@@ -103,6 +107,7 @@ def gather(opt: torch.optim.Optimizer, plain: tuple) -> Gathered | str:
                 return "a sparse, complex or low-precision tensor"
             st = state.get(p) or {}
             inputs.append(p)
+            grads.append(len(inputs))
             inputs.append(g)
             parts = [_spec(p), _spec(g)]
             for k, v in st.items():
@@ -112,7 +117,7 @@ def gather(opt: torch.optim.Optimizer, plain: tuple) -> Gathered | str:
                 else:
                     parts.append((k, v))
             key.append(tuple(parts))
-    return Gathered(tuple(key), inputs, hyper)
+    return Gathered(tuple(key), inputs, hyper, frozenset(grads))
 
 
 def _raw_step(cls: type) -> Callable:
@@ -291,6 +296,10 @@ def _record(opt: torch.optim.Optimizer, got: Gathered, scale: float, shift: floa
     try:
         with torch.no_grad(), _Function(rec), _Dispatch(rec):
             _raw_step(type(opt))(sh)
+    except NotTraceable:
+        if {id(sp) for sp, st in sh.state.items() if st} != {i for i, st in before.items() if st}:
+            raise StateNotReady("the step creates state (a first step)") from None
+        raise
     finally:
         Traced.guards = None
     after = {id(sp): st for sp, st in sh.state.items()}
@@ -374,7 +383,22 @@ def _plan(rec: _Recorder) -> tuple[list, list, list]:
     return plans, slots, guards
 
 
-def _build(rec: _Recorder, inputs: list, plans: list, n_slots: int) -> fx.GraphModule:
+def _written(rec: _Recorder) -> set:
+    """The refs the recorded ops write in place (their schemas' mutable arguments)."""
+    out: set = set()
+    for func, args, kw, _ in rec.ops:
+        for i, a in enumerate(func._schema.arguments):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            x = args[i] if i < len(args) else kw.get(a.name)
+            for r in (x if isinstance(x, list) else [x]):
+                if isinstance(r, tuple) and r and r[0] in ("in", "k", "v"):
+                    out.add(r)
+    return out
+
+
+def _build(rec: _Recorder, inputs: list, plans: list, n_slots: int,
+           grads: frozenset = frozenset()) -> fx.GraphModule:
     n_inputs = len(inputs)
     devices = {t.device for t in inputs if t.dim() > 0}
     device = next(iter(devices)) if len(devices) == 1 else None
@@ -382,6 +406,13 @@ def _build(rec: _Recorder, inputs: list, plans: list, n_slots: int) -> fx.GraphM
     env: dict[tuple, Any] = {("in", i): g.placeholder(f"in{i}") for i in range(n_inputs)}
     env.update({("k", j): g.placeholder(f"k{j}") for j in range(len(rec.consts))})
     scalars = [g.placeholder(f"s{j}") for j in range(n_slots)]
+    # Note [Grads stay the program's]: torch's multi-tensor SGD with nesterov adds the
+    # momentum into the grads in place (``_foreach_add_(grads, bufs, alpha=momentum)``);
+    # its single-tensor step, eager's default on CPU, leaves p.grad alone. A grad the
+    # traced step writes is copied first, so the program's grads stay as eager leaves them.
+    for r in _written(rec):
+        if r[0] == "in" and r[1] in grads:
+            env[r] = g.call_function(aten.clone.default, (env[r],))
 
     def node_of(x: Any) -> Any:
         if isinstance(x, list):
@@ -460,7 +491,7 @@ def trace_step(opt: torch.optim.Optimizer, got: Gathered) -> StepProgram:
     _, holds = program(got.hyper, [rec.pre[n] for n in rec.reads])
     if not holds:
         raise NotTraceable("the traced guards do not hold for the traced values")
-    gm = _build(rec, got.inputs, plans, len(slots))
+    gm = _build(rec, got.inputs, plans, len(slots), got.grads)
     return StepProgram(gm, tuple(rec.consts), tuple(rec.reads), program,
                        tuple((dt, n) for _, dt, n in slots), len(guards))
 
