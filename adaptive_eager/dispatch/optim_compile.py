@@ -149,6 +149,8 @@ class StepCompiler:
     def before_step(self, opt: Any, mode: Any, args: tuple, kwargs: dict) -> None:
         """Our (last) step pre-hook: run the step compiled when it can, else leave it to
         torch's body (eager)."""
+        if not mode.options.optimizer_step:
+            return
         cls = type(opt).__name__
         why = self._why_not(opt, args, kwargs)
         counters = mode.counters

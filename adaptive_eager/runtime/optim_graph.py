@@ -268,7 +268,7 @@ def _shadow(opt: torch.optim.Optimizer, got: Gathered, scale: float, step_shift:
             sp.grad = meta(p.grad)
             ids[id(sp)], ids[id(sp.grad)] = k, k + 1
             k += 2
-            for name, v in opt.state[p].items():
+            for name, v in opt.state.get(p, {}).items():
                 if isinstance(v, torch.Tensor):
                     if v.device.type == "cpu" and v.dim() == 0:
                         s = v.detach().clone()
