@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..runtime.backends import is_debugging
 from ..runtime.cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from ..runtime.checks import clone_strided, close
+from ..runtime.optim_fast import KnownStep
 from ..runtime.optim_graph import (NotTraceable, StateNotReady, StepProgram, gather, step_values,
                                    trace_step)
 from ..reasons import R
@@ -109,6 +110,8 @@ class StepCompiler:
         self._lock = threading.Lock()
         self._by_service: "weakref.WeakKeyDictionary[Any, cachetools.LRUCache]" = weakref.WeakKeyDictionary()
         self._hooked: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        # optimizer -> (KnownStep, its entry, the compile service it belongs to)
+        self._known: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
         self._tls = threading.local()
 
     # -- hooks ----------------------------------------------------------------------------
@@ -157,32 +160,27 @@ class StepCompiler:
         if why is not None:
             _note(counters, cls, "eager: " + why)
             return
-        got = gather(opt, _PLAIN)
-        if isinstance(got, str):
-            _note(counters, cls, "eager: " + got)
-            return
         service = mode.executor.compiler
-        table = self._table(service)
-        entries = table.get(got.key)
-        scalars = entry = None
-        for e in entries or ():
-            if e.program is None:
-                _note(counters, cls, f"eager: {Why.FAILED}: {e.reason}")
-                return
-            steps = step_values(e.program, got.inputs)
-            if steps is None:
-                _note(counters, cls, "eager: " + Why.STEPS)
-                return
-            scalars = e.program.scalars(got.hyper, steps)
-            if scalars is not None:
-                entry = e
-                break
+        known = self._known.get(opt)
+        got = known[0].check(opt) if known is not None and known[2] is service else None
+        entry = scalars = steps = None
+        if got is not None:  # Note [A known step is re-checked, not re-gathered]
+            entry = known[1]
+            if entry.program is not None:
+                steps = known[0].step_values(entry.program.reads, got.inputs)
+                scalars = entry.program.scalars(got.hyper, steps) if steps is not None else None
+            if scalars is None:
+                entry = None
         if entry is None:
-            if entries is not None and len(entries) >= MAX_PROGRAMS:
-                _note(counters, cls, "eager: " + Why.TOO_MANY)
+            got = gather(opt, _PLAIN)
+            if isinstance(got, str):
+                _note(counters, cls, "eager: " + got)
                 return
-            self._trace(opt, got, service, table, counters, cls)
-            return
+            entry, steps, scalars = self._lookup(opt, got, service, counters, cls)
+            if entry is None:
+                return
+            known = (KnownStep(opt, got), entry, service)
+            self._known[opt] = known
         region = entry.region
         if region.state == COMPILING:
             service.check_timeout(region)
@@ -190,7 +188,30 @@ class StepCompiler:
             reason = Why.COMPILING if region.state == COMPILING else f"{Why.FAILED}: {region.reason}"
             _note(counters, cls, "eager: " + reason)
             return
-        self._run(opt, mode, entry, got, scalars, service, counters, cls)
+        if self._run(opt, mode, entry, got, scalars, service, counters, cls):
+            known[0].stepped(entry.program.reads, entry.program.deltas, steps, got.inputs)
+
+    def _lookup(self, opt: Any, got: Any, service: Any, counters: Any, cls: str) -> tuple:
+        """(entry, step values, scalars) for ``got``'s signature; (None, ...) when this step
+        runs eagerly (traced now, or not a candidate: noted)."""
+        table = self._table(service)
+        entries = table.get(got.key)
+        for e in entries or ():
+            if e.program is None:
+                _note(counters, cls, f"eager: {Why.FAILED}: {e.reason}")
+                return None, None, None
+            steps = step_values(e.program, got.inputs)
+            if steps is None:
+                _note(counters, cls, "eager: " + Why.STEPS)
+                return None, None, None
+            scalars = e.program.scalars(got.hyper, steps)
+            if scalars is not None:
+                return e, steps, scalars
+        if entries is not None and len(entries) >= MAX_PROGRAMS:
+            _note(counters, cls, "eager: " + Why.TOO_MANY)
+        else:
+            self._trace(opt, got, service, table, counters, cls)
+        return None, None, None
 
     def after_step(self, opt: Any) -> None:
         """Our (first) step post-hook: the groups back; a first compiled call checked."""
@@ -268,17 +289,17 @@ class StepCompiler:
                                             else "traced"))
 
     def _run(self, opt: Any, mode: Any, entry: _Entry, got: Any, scalars: list, service: Any,
-             counters: Any, cls: str) -> None:
+             counters: Any, cls: str) -> bool:
         depth = torch._C._len_torch_dispatch_stack()
         if depth > (0 if mode._parked else 1):
             _note(counters, cls, "eager: " + Why.MODES)
-            return
+            return False
         if not mode._parked and len(mode.recorder):
             mode.flush(R.OPTIMIZER_STEP, user_source())
         inputs = [_unwrap(t) for t in got.inputs]
         if any(t is None for t in inputs):
             _note(counters, cls, "eager: unbound handle")
-            return
+            return False
         rest = list(entry.program.consts) + scalars
         if not entry.checked:
             entry.checked = True
@@ -291,14 +312,15 @@ class StepCompiler:
                     exact = is_debugging(mode.options.backend)
                     self._pending()[opt] = (opt.param_groups, (entry, service, inputs, copies, mode, exact))
                     _note(counters, cls, "eager: " + Why.VERIFYING)
-                return
+                return False
         if not self._call(entry, service, inputs + rest, counters, cls):
-            return
+            return False
         self._pending()[opt] = (opt.param_groups, None)
         opt.param_groups = []
         with counters.lock:
             counters.optimizer_steps_compiled += 1
         _note(counters, cls, "compiled steps")
+        return True
 
     def _call(self, entry: _Entry, service: Any, args: list, counters: Any, cls: str) -> bool:
         try:

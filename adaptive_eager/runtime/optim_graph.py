@@ -135,6 +135,7 @@ class _Recorder:
         self.refs: dict[int, tuple] = {i: ("in", n) for i, n in ids.items()}
         self.pre = pre                      # input index -> step value before the step
         self.reads: list[int] = []          # input indices read with .item(), in order
+        self.deltas: dict[int, float] = {}  # input index -> value read minus value before
         self.ops: list[tuple] = []          # (func, args, kwargs, outputs)
         self.dtypes: dict[tuple, torch.dtype] = {}
         self.consts: list[torch.Tensor] = []
@@ -218,6 +219,7 @@ class _Function(TorchFunctionMode):
             if n not in rec.reads:
                 rec.reads.append(n)
             delta = value - rec.pre[n]
+            rec.deltas.setdefault(n, delta)
             return Traced(value, ("+", ("s", rec.reads.index(n)), ("c", delta)))
         traced = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, Traced)]
         rec.pending = traced
@@ -325,6 +327,7 @@ class StepProgram:
     program: Callable[[list, list], tuple]
     slots: tuple      # (dtype, length or None) per lifted scalar
     baked: int
+    deltas: tuple = ()  # per read step counter: what the step adds to it (1.0)
 
     @property
     def n_scalars(self) -> int:
@@ -493,7 +496,8 @@ def trace_step(opt: torch.optim.Optimizer, got: Gathered) -> StepProgram:
         raise NotTraceable("the traced guards do not hold for the traced values")
     gm = _build(rec, got.inputs, plans, len(slots), got.grads)
     return StepProgram(gm, tuple(rec.consts), tuple(rec.reads), program,
-                       tuple((dt, n) for _, dt, n in slots), len(guards))
+                       tuple((dt, n) for _, dt, n in slots), len(guards),
+                       tuple(rec.deltas[n] for n in rec.reads))
 
 
 def step_values(prog: StepProgram, inputs: list) -> list | None:
