@@ -33,7 +33,7 @@ from ..runtime.backends import is_debugging
 from ..runtime.cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from ..runtime.checks import clone_strided, close
 from ..runtime.optim_fast import KnownStep
-from ..runtime.optim_graph import (NotTraceable, StateNotReady, StepProgram, gather, step_values,
+from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
                                    trace_step)
 from ..reasons import R
 from .lazy import LazyTensor
@@ -99,6 +99,13 @@ class _Entry:
 
 def _unwrap(t: torch.Tensor) -> torch.Tensor | None:
     return t._ae_real if type(t) is LazyTensor else t
+
+
+def _example(t: torch.Tensor) -> torch.Tensor:
+    real = _unwrap(t)
+    if real is not None:
+        return real
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
 class StepCompiler:
@@ -168,7 +175,7 @@ class StepCompiler:
             entry = known[1]
             if entry.program is not None:
                 steps = known[0].step_values(entry.program.reads, got.inputs)
-                scalars = entry.program.scalars(got.hyper, steps) if steps is not None else None
+                scalars = _scalars(entry.program, got.hyper, steps, mode) if steps is not None else None
             if scalars is None:
                 entry = None
         if entry is None:
@@ -176,7 +183,7 @@ class StepCompiler:
             if isinstance(got, str):
                 _note(counters, cls, "eager: " + got)
                 return
-            entry, steps, scalars = self._lookup(opt, got, service, counters, cls)
+            entry, steps, scalars = self._lookup(opt, got, service, counters, cls, mode.options.backend)
             if entry is None:
                 return
             known = (KnownStep(opt, got), entry, service)
@@ -191,7 +198,8 @@ class StepCompiler:
         if self._run(opt, mode, entry, got, scalars, service, counters, cls):
             known[0].stepped(entry.program.reads, entry.program.deltas, steps, got.inputs)
 
-    def _lookup(self, opt: Any, got: Any, service: Any, counters: Any, cls: str) -> tuple:
+    def _lookup(self, opt: Any, got: Any, service: Any, counters: Any, cls: str,
+                backend: Any) -> tuple:
         """(entry, step values, scalars) for ``got``'s signature; (None, ...) when this step
         runs eagerly (traced now, or not a candidate: noted)."""
         table = self._table(service)
@@ -204,13 +212,13 @@ class StepCompiler:
             if steps is None:
                 _note(counters, cls, "eager: " + Why.STEPS)
                 return None, None, None
-            scalars = e.program.scalars(got.hyper, steps)
+            scalars = _scalars(e.program, got.hyper, steps, None)
             if scalars is not None:
                 return e, steps, scalars
         if entries is not None and len(entries) >= MAX_PROGRAMS:
             _note(counters, cls, "eager: " + Why.TOO_MANY)
         else:
-            self._trace(opt, got, service, table, counters, cls)
+            self._trace(opt, got, service, table, counters, cls, backend)
         return None, None, None
 
     def after_step(self, opt: Any) -> None:
@@ -252,7 +260,8 @@ class StepCompiler:
                 t = self._by_service[service] = cachetools.LRUCache(MAX_SIGNATURES)
             return t
 
-    def _trace(self, opt: Any, got: Any, service: Any, table: Any, counters: Any, cls: str) -> None:
+    def _trace(self, opt: Any, got: Any, service: Any, table: Any, counters: Any, cls: str,
+               backend: Any) -> None:
         """Trace a new signature (or another branch of one) and queue its compile; this
         step runs eagerly."""
         try:
@@ -277,13 +286,20 @@ class StepCompiler:
         if not service.take_fuel():
             service.fail(region, f"{R.COMPILE_FAILED}: out of fuel")
             return
-        # Note [A seam for the persistent cache]: an artifact for ``region.key`` saved by an
-        # earlier process would be looked up here and handed to transition(region, COMPILED).
+        # Note [A seam for the persistent cache]
+        # The one place a compiled step could come from an earlier process: an artifact
+        # stored under a key made of ``program.gm.code``, the example inputs' specs and the
+        # backend (stable across processes; ``region.key`` holds live torch objects) would
+        # be loaded here and handed to transition(region, COMPILED, fn=...), and stored
+        # when the compile below finishes. Not built here (the persistent cache is its own
+        # work); until then each process compiles its steps once.
         steps = step_values(program, got.inputs) or []
-        example = [_unwrap(t) for t in got.inputs] + list(program.consts) + \
-            (program.scalars(got.hyper, steps) or [])
+        with _disable_current_modes():  # real example tensors (a pending handle: its specs)
+            example = [_example(t) for t in got.inputs] + list(program.consts) + \
+                (program.scalars(got.hyper, steps) or [])
         _note(counters, cls, "compiles")
-        service.submit(region, lambda: (program.gm, example))
+        exact = is_debugging(backend)
+        service.submit(region, lambda: (program.gm if exact else lerp_for_compiler(program.gm), example))
         _note(counters, cls, "eager: " + (Why.COMPILING if region.state == COMPILING else
                                             f"{Why.FAILED}: {region.reason}" if region.state == EAGER_ONLY
                                             else "traced"))
@@ -296,7 +312,10 @@ class StepCompiler:
             return False
         if not mode._parked and len(mode.recorder):
             mode.flush(R.OPTIMIZER_STEP, user_source())
-        inputs = [_unwrap(t) for t in got.inputs]
+        # handles (a grad made by a captured backward, bound by now, possibly kept while
+        # parked): their real tensors
+        lazy = LazyTensor
+        inputs = [t._ae_real if type(t) is lazy else t for t in got.inputs]
         if any(t is None for t in inputs):
             _note(counters, cls, "eager: unbound handle")
             return False
@@ -331,6 +350,14 @@ class StepCompiler:
             _note(counters, cls, f"eager: {Why.FAILED}: compiled call failed")
             return False
         return True
+
+
+def _scalars(program: StepProgram, hyper: list, steps: list, mode: Any) -> list | None:
+    """The program's lifted scalars as real tensors (made off the mode stack)."""
+    if mode is not None and mode._parked:
+        return program.scalars(hyper, steps)
+    with _disable_current_modes():
+        return program.scalars(hyper, steps)
 
 
 def _note(counters: Any, cls: str, what: str) -> None:

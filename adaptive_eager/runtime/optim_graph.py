@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import operator
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -289,7 +290,17 @@ def _shadow(opt: torch.optim.Optimizer, got: Gathered, scale: float, step_shift:
     return sh, ids, pre, stand
 
 
+# One trace at a time in the process: Traced.guards (the comparisons a trace records) is a
+# class-level slot, set only while this lock is held.
+_TRACE_LOCK = threading.Lock()
+
+
 def _record(opt: torch.optim.Optimizer, got: Gathered, scale: float, shift: float) -> _Recorder:
+    with _TRACE_LOCK:
+        return _record_locked(opt, got, scale, shift)
+
+
+def _record_locked(opt: torch.optim.Optimizer, got: Gathered, scale: float, shift: float) -> _Recorder:
     sh, ids, pre, stand = _shadow(opt, got, scale, shift)
     before = {id(sp): dict(st) for sp, st in sh.state.items()}
     rec = _Recorder(ids, pre)
@@ -500,6 +511,35 @@ def trace_step(opt: torch.optim.Optimizer, got: Gathered) -> StepProgram:
                        tuple(rec.deltas[n] for n in rec.reads))
 
 
+# Note [Lerp for a compiler]
+# The lifted weight of ``_foreach_lerp_`` (Adam's ``1 - beta1``) makes it the ``List``
+# overload, which Inductor has no lowering or decomposition for: it ran as a fallback
+# kernel out of place, with a copy back, splitting the step's fusion. For a compiler the
+# op is written as Inductor decomposes the Scalar overload torch.compile(opt.step) traces,
+# ``start + (end - start) * weight``: within torch.compile's own rounding of the step,
+# not eager's lerp formula (the debugging backends keep the exact op).
+def lerp_for_compiler(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with its list-weight foreach lerps written as add/sub/mul (see the Note)."""
+    g = gm.graph
+    for node in list(g.nodes):
+        if node.op != "call_function" or node.target not in (aten._foreach_lerp_.List, aten._foreach_lerp.List):
+            continue
+        start, end, weights = node.args[:3]
+        if not weights or any(w is not weights[0] for w in weights):
+            continue
+        with g.inserting_before(node):
+            diff = g.call_function(aten._foreach_sub.List, (end, start))
+            scaled = g.call_function(aten._foreach_mul.Tensor, (diff, weights[0]))
+            inplace = node.target is aten._foreach_lerp_.List
+            new = g.call_function(aten._foreach_add_.List if inplace else aten._foreach_add.List,
+                                  (start, scaled))
+        node.replace_all_uses_with(new)
+        g.erase_node(node)
+    g.lint()
+    gm.recompile()
+    return gm
+
+
 def step_values(prog: StepProgram, inputs: list) -> list | None:
     """The step counters ``prog`` reads, before the step (None: not exact float32 integers)."""
     out = []
@@ -511,5 +551,5 @@ def step_values(prog: StepProgram, inputs: list) -> list | None:
     return out
 
 
-__all__ = ["Gathered", "StepProgram", "NotTraceable", "StateNotReady", "gather", "trace_step", "step_values",
+__all__ = ["Gathered", "StepProgram", "NotTraceable", "StateNotReady", "lerp_for_compiler", "gather", "trace_step", "step_values",
            "MAX_EXACT_STEP"]
