@@ -279,7 +279,7 @@ class StepCompiler:
             table.setdefault(got.key, []).append(_Entry(cls, None, None, f"trace failed: {type(e).__name__}: {e}"))
             _note(counters, cls, f"eager: {Why.FAILED}: trace failed")
             return
-        region = RegionEntry(("optimizer", got.key, len(table.get(got.key) or ())))
+        region = RegionEntry(("optimizer", got.key, len(table.get(got.key) or ())), is_region=False)
         entry = _Entry(cls, program, region)
         table.setdefault(got.key, []).append(entry)
         _note(counters, cls, "signatures")
