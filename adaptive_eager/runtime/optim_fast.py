@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import operator
+import weakref
 from typing import Any
 
 import torch
@@ -48,6 +49,7 @@ class KnownStep:
 
     def __init__(self, opt: torch.optim.Optimizer, got: Gathered):
         self.key = got.key
+        self.usable = True  # False: some state value is not a tensor (gather every step)
         self.state = opt.state
         self.groups = []
         sget = opt.state.get
@@ -63,7 +65,11 @@ class KnownStep:
                     per.append(None)
                     continue
                 st = sget(p) or {}
-                per.append((gr.stride(), tuple(st.values())))
+                if not all(isinstance(v, torch.Tensor) for v in st.values()):
+                    self.usable = False
+                # weak: a state handle must stay releasable (Note [Releasing bound handles])
+                per.append((gr.stride(), tuple(weakref.ref(v) for v in st.values()
+                                               if isinstance(v, torch.Tensor))))
             self.groups.append((g, params, list(params), opts, per))
         self.steps: list | None = None     # known step values and the counters' versions
         self.versions: list | None = None
@@ -71,7 +77,7 @@ class KnownStep:
     def check(self, opt: torch.optim.Optimizer) -> Gathered | None:
         """This step's inputs and hyperparameters if its signature is the known one."""
         groups = opt.param_groups
-        if opt.state is not self.state or len(groups) != len(self.groups):
+        if not self.usable or opt.state is not self.state or len(groups) != len(self.groups):
             return None
         sget = self.state.get
         inputs: list = []
@@ -103,7 +109,7 @@ class KnownStep:
                 if gr is None or gr.layout is not strided or gr.stride() != known[0]:
                     return None
                 vals = (sget(p) or {}).values()
-                if len(vals) != len(known[1]) or not all(map(_is, vals, known[1])):
+                if len(vals) != len(known[1]) or not all(r() is v for r, v in zip(known[1], vals)):
                     return None
                 inputs.append(p)
                 inputs.append(gr)
