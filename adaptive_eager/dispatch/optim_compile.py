@@ -102,9 +102,10 @@ def _unwrap(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def _example(t: torch.Tensor) -> torch.Tensor:
-    real = _unwrap(t)
-    if real is not None:
-        return real
+    # a handle's specs only: holding its real tensor would keep the handle from being
+    # released (Note [Releasing bound handles])
+    if type(t) is not LazyTensor:
+        return t
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 

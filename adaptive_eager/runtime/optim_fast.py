@@ -65,11 +65,11 @@ class KnownStep:
                     per.append(None)
                     continue
                 st = sget(p) or {}
-                if not all(isinstance(v, torch.Tensor) for v in st.values()):
-                    self.usable = False
+                if not all(type(v) is torch.Tensor for v in st.values()):
+                    self.usable = False  # a non-tensor, or a handle (Note [Releasing bound handles])
                 # weak: a state handle must stay releasable (Note [Releasing bound handles])
                 per.append((gr.stride(), tuple(weakref.ref(v) for v in st.values()
-                                               if isinstance(v, torch.Tensor))))
+                                               if type(v) is torch.Tensor) if self.usable else ()))
             self.groups.append((g, params, list(params), opts, per))
         self.steps: list | None = None     # known step values and the counters' versions
         self.versions: list | None = None
