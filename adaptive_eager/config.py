@@ -257,6 +257,11 @@ _SPECS: dict[str, _Spec] = {
         "match windows that recur against their recorded trace instead of recording them "
         "again (capture near the floor; off: every op is recorded)",
     ),
+    "optimizer_step": _Spec(
+        True, _parse_bool,
+        "run a qualifying torch.optim step as one compiled function over params, grads, "
+        "state and 0-d hyperparameters, captured or parked (off: the step runs as before)",
+    ),
     "report": _Spec("", _parse_str, "print the report at exit: '' (off), 1/stderr, or a file "
                     "path (JSON when it ends in .json)"),
     "strict": _Spec(
@@ -294,6 +299,7 @@ class Options:
     adaptive_passthrough: bool = _SPECS["adaptive_passthrough"].default
     warmup: bool = _SPECS["warmup"].default
     fast_path: bool = _SPECS["fast_path"].default
+    optimizer_step: bool = _SPECS["optimizer_step"].default
     report: str = _SPECS["report"].default
     strict: bool = _SPECS["strict"].default
 

@@ -312,6 +312,36 @@ def format_phases(s: Stats, limit: int = 12) -> list[str]:
     return out
 
 
+def format_optimizer_steps(s: Stats) -> list[str]:
+    """One line per optimizer class: its signatures, compiles, compiled steps and why the
+    other steps ran eagerly (Note [The optimizer step as one compiled unit]).
+
+    Example::
+
+        >>> s = Stats(optimizer_steps_compiled=297, optimizer_step_kinds={
+        ...     "AdamW|signatures": 1, "AdamW|compiles": 1, "AdamW|compiled steps": 297,
+        ...     "AdamW|eager: state creation (first step)": 1})
+        >>> for line in format_optimizer_steps(s): print(line)
+        Optimizer steps as one compiled function
+          AdamW: 1 signature, 1 compile, 297 steps compiled; eager: 1 state creation (first step)
+    """
+    by_class: dict[str, dict[str, int]] = {}
+    for key, n in s.optimizer_step_kinds.items():
+        cls, _, what = str(key).partition("|")
+        by_class.setdefault(cls, {})[what] = n
+    out = ["Optimizer steps as one compiled function"]
+    for cls, kinds in by_class.items():
+        eager = [(w[len("eager: "):], n) for w, n in kinds.items() if w.startswith("eager: ")]
+        line = (f"  {cls}: {_plural(kinds.get('signatures', 0), 'signature')}, "
+                f"{_plural(kinds.get('compiles', 0), 'compile')}, "
+                f"{_fmt_num(kinds.get('compiled steps', 0))} steps compiled")
+        if eager:
+            line += "; eager: " + ", ".join(f"{_fmt_num(n)} {w}" for w, n in
+                                            sorted(eager, key=lambda x: -x[1]))
+        out.append(line)
+    return out
+
+
 def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
     """The whole report as text (see the module docstring)."""
     s = stats
@@ -340,6 +370,10 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
         # Note [Optimizer steps at the foreach level] (dispatch/optim.py)
         rows.append(("optimizer steps", f"{_fmt_num(s.optimizer_steps_foreach)} run at the foreach "
                                         "level (torch.optim's multi-tensor path, equal results)"))
+    if s.optimizer_step_kinds:
+        # Note [The optimizer step as one compiled unit] (dispatch/optim_compile.py)
+        rows.append(("optimizer compiled", f"{_fmt_num(s.optimizer_steps_compiled)} steps ran as one "
+                                           "compiled function (see below)"))
     if s.warmup_ended:
         # Note [The first iteration runs eagerly]
         if s.ops_captured:
@@ -349,6 +383,8 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
                                              "nothing was captured (see the phases below)"))
     out = [title, "=" * len(title)]
     out += [f"{k:<18} {v}" for k, v in rows]
+    if s.optimizer_step_kinds:
+        out += ["", *format_optimizer_steps(s)]
     out += ["", *format_phases(s)]
     out += ["", *format_time(s)]
     out += ["", f"Flushes by reason ({_fmt_num(s.total_flushes)} total)"]

@@ -90,7 +90,10 @@ def test_torch_foreach_path_is_bitwise_the_single_tensor_path(cls, kw, dtype):
 
 
 def _runtime(**kw):
-    opts = dict(backend="aot_eager", adaptive_passthrough=False, async_compile=False)
+    # The step captured op by op at the foreach level (the path a step takes when it is not
+    # one compiled function: tests/test_optim_compile.py tests that one)
+    opts = dict(backend="aot_eager", adaptive_passthrough=False, async_compile=False,
+                optimizer_step=False)
     opts.update(kw)
     return ae.adaptive_eager(**opts)
 

@@ -40,7 +40,9 @@ _optim = torch.optim
 # NAdam, RAdam and ASGD, whose foreach paths round differently (up to 1e-6 relative);
 # groups with a tensor lr, ``differentiable`` or ``capturable``; half-precision, complex
 # or sparse parameters or gradients (the foreach kernels compute those in another
-# precision).
+# precision); SGD groups with nesterov, no weight decay and no maximize, whose foreach
+# step adds the momentum into the grads in place (``_foreach_add_(grads, bufs)``) where
+# the single-tensor step leaves p.grad alone (params and state agree; p.grad did not).
 FOREACH_EQUAL: frozenset[type] = frozenset({
     _optim.Adam, _optim.AdamW, _optim.SGD, _optim.RMSprop, _optim.Adagrad, _optim.Adamax,
     _optim.Adadelta, _optim.Rprop,
@@ -61,6 +63,8 @@ def qualifies(group: dict) -> bool:
         return False
     if isinstance(group.get("lr"), torch.Tensor):
         return False
+    if group.get("nesterov") and not group.get("weight_decay") and not group.get("maximize"):
+        return False  # torch's multi-tensor SGD would add the momentum into p.grad (see the Note)
     return all(_tensor_ok(p) and _tensor_ok(p.grad) for p in group["params"])
 
 

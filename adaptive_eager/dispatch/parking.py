@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import _pop_mode, _push_mode
 from .._logging import artifact_logger
 from .optim import restore as restore_foreach
 from .optim import use_foreach
+from .optim_compile import STEPS
 from .source import user_source
 from ..reasons import R
 
@@ -242,8 +243,11 @@ class SafePoints:
         left = switched.pop(opt, None)
         if left:  # the last step raised before its post hook ran
             restore_foreach(left)
+        STEPS.give_back(opt)  # likewise (Note [The optimizer step as one compiled unit])
         self._stepping().add(opt)  # Note [Probes come between optimizer steps]
         st = self.thread_stack()
+        if st:
+            STEPS.attach(opt)  # its step may run compiled (dispatch/optim_compile.py)
         if st and not st[-1][0]._parked:  # parked: the program's own optimizer, as eager
             groups = use_foreach(opt)
             if groups:
@@ -251,7 +255,9 @@ class SafePoints:
                 self.counters.optimizer_steps_foreach += 1
 
     def restore_foreach(self) -> None:
-        """Every group this thread switched and did not restore yet gets foreach=None back."""
+        """Every group this thread switched and did not restore yet gets foreach=None back
+        (and every optimizer whose compiled step did not end its param groups)."""
+        STEPS.give_back()
         switched = getattr(self._tls, "foreach", None)
         while switched:
             _, groups = switched.popitem()

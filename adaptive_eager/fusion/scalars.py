@@ -170,7 +170,20 @@ def _foreach_value(second: Any, inplace: bool, many: bool) -> Callable:
     return emit
 
 
+def _foreach_lerp(list_overload: Any) -> Callable:
+    # Adam's ``_foreach_lerp_(exp_avgs, grads, 1 - beta1)``: the weight as one 0-dim tensor
+    # per element (``List`` overload), made in the tensors' dtype as lerp.Tensor wants
+    def emit(g: fx.Graph, target: Any, args: list, kwargs: dict, s: fx.Node,
+             dtype: torch.dtype) -> fx.Node:
+        if dtype != scalar_dtype(dtype):
+            s = g.call_function(aten._to_copy.default, (s,), {"dtype": dtype})
+        return g.call_function(list_overload, (args[0], args[1], [s] * len(args[0])), kwargs)
+    return emit
+
+
 def _foreach_rules(rules: dict[Any, LiftRule]) -> None:
+    for packet in (aten._foreach_lerp, aten._foreach_lerp_):
+        rules[packet.Scalar] = LiftRule(2, _foreach_lerp(packet.List))
     for op in ("add", "sub", "mul", "div"):
         for suffix in ("", "_"):
             packet = getattr(aten, f"_foreach_{op}{suffix}")

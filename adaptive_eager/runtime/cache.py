@@ -39,6 +39,7 @@ class RegionEntry:
     eager_ns: list[int] = field(default_factory=list)
     compiled_ns: list[int] = field(default_factory=list)
     scalars: dict = field(default_factory=dict)  # slot -> (value, 0-dim tensor)
+    is_region: bool = True           # False: a compiled optimizer step (counted on its own)
 
 
 class _LRU(cachetools.LRUCache):

@@ -100,6 +100,9 @@ class Counters:
     meta_hits: int = 0
     meta_misses: int = 0
     optimizer_steps_foreach: int = 0  # torch.optim steps run at the foreach level (dispatch/optim.py)
+    optimizer_steps_compiled: int = 0  # torch.optim steps run as one compiled function (dispatch/optim_compile.py)
+    # "Class|what" -> count: signatures, compiles, compiled steps, "eager: <why>" per class
+    optimizer_step_kinds: Counter = field(default_factory=Counter)
     handles_released: int = 0     # bound handles turned into plain tensors (mode.release_handles)
     warmup_ended: str = ""        # why and where capture started (Note [The first iteration runs eagerly])
     # Where the time went (Note [What the time breakdown measures]): wall ns, summed over

@@ -1,0 +1,389 @@
+"""The optimizer step as one compiled unit (Note [The optimizer step as one compiled unit]).
+
+While a runtime is active in a thread, a qualifying torch.optim optimizer's ``step()``
+runs as one compiled function over its params, grads, state and 0-d hyperparameters
+(runtime/optim_graph.py builds it from torch's own multi-tensor step), whether the mode
+is capturing or parked. :class:`StepCompiler` is the process's one instance
+(:data:`STEPS`), driven from the optimizer step hooks of dispatch/parking.py.
+
+Example::
+
+    >>> import torch, adaptive_eager as ae
+    >>> p = torch.nn.Parameter(torch.ones(8)); opt = torch.optim.AdamW([p], lr=0.1)
+    >>> ae.reset_stats()
+    >>> with ae.adaptive_eager(backend="eager", async_compile=False):
+    ...     for _ in range(5):   # state creation, trace and compile, first call checked
+    ...         p.grad = torch.ones(8); opt.step()
+    >>> ae.stats().optimizer_steps_compiled
+    2
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any
+
+import cachetools
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ..runtime.backends import is_debugging
+from ..runtime.cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
+from ..runtime.checks import clone_strided, close
+from ..runtime.optim_fast import KnownStep
+from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
+                                   trace_step)
+from ..reasons import R
+from .lazy import LazyTensor
+from .optim import FOREACH_EQUAL
+from .source import user_source
+
+log = logging.getLogger("adaptive_eager")
+
+# Note [The optimizer step as one compiled unit]
+# torch.compile users speed up the optimizer step by hand with torch.compile(opt.step): it
+# is memory-bound pointwise work over every parameter, and torch.optim's Python around it
+# (grouping, per-parameter ``.item()`` reads, ~15 foreach calls over 100-tensor lists) costs
+# as much as fusing saves when it is captured op by op (issue 12). Here a qualifying step
+# (classes in FOREACH_EQUAL, exact type; no closure, fused, differentiable or capturable
+# groups, no tensor hyperparameters; plain float32/float64 dense tensors) is traced once per
+# signature (the classes, options, tensor specs and state layout, never float values) from
+# torch's own ``step`` on meta stand-ins, and the graph goes to the session's compile
+# service like any region. Until it is ready, and on the first step (state creation), the
+# step runs as eager does. Once ready, the step runs the compiled function and torch's own
+# step body is skipped: our hook is the optimizer's last step pre-hook (the program's
+# pre-hooks, which may set lr, run first), it hands torch's body an empty ``param_groups``
+# and our first post-hook gives the groups back before the program's post-hooks run. A
+# step whose run raised before the post-hook gets its groups back at the optimizer's
+# next step or when the block is left. The first compiled call runs on copies and is
+# compared with eager's step, run on the real tensors that one time
+# (``verify_compiled``: bitwise for the debugging backends, within the dtype's tolerance
+# for a compiler); a mismatch makes the signature eager-only.
+MAX_PROGRAMS = 4        # traces per signature (guards that fail: another branch of torch's code)
+MAX_SIGNATURES = 64     # signatures kept per session (LRU)
+CANDIDATES = FOREACH_EQUAL
+_PLAIN = (torch.Tensor, torch.nn.Parameter, LazyTensor)
+
+
+class Why:
+    """Why a step ran eagerly (the report's words)."""
+
+    CLOSURE = "a closure (LBFGS-style step)"
+    SUBCLASS = "a subclass of a torch.optim class (it may override step)"
+    CLASS = "class not supported"
+    OPTION = "group option"            # + the option: fused, differentiable, capturable, foreach=False
+    STATE = "state creation (first step)"
+    COMPILING = "compile not ready"
+    MODES = "another dispatch mode is active"
+    TOO_MANY = f"more than {MAX_PROGRAMS} traces of one signature"
+    STEPS = "step counters not exact integers"
+    VERIFYING = "checking the first compiled call against eager"
+    FAILED = "eager-only"               # + the entry's reason
+
+
+class _Entry:
+    """One trace of a signature: its program and the compile service's entry."""
+
+    __slots__ = ("program", "region", "reason", "checked", "cls")
+
+    def __init__(self, cls: str, program: StepProgram | None, region: RegionEntry | None,
+                 reason: str = ""):
+        self.cls = cls
+        self.program = program
+        self.region = region
+        self.reason = reason
+        self.checked = False
+
+
+def _unwrap(t: torch.Tensor) -> torch.Tensor | None:
+    return t._ae_real if type(t) is LazyTensor else t
+
+
+def _example(t: torch.Tensor) -> torch.Tensor:
+    # a handle's specs only: holding its real tensor would keep the handle from being
+    # released (Note [Releasing bound handles])
+    if type(t) is not LazyTensor:
+        return t
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+
+class StepCompiler:
+    """The process's compiled optimizer steps: per compile service (one per session), a
+    bounded map from signature to traces; per thread, the groups handed back after a
+    step and the first compiled call being checked."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_service: "weakref.WeakKeyDictionary[Any, cachetools.LRUCache]" = weakref.WeakKeyDictionary()
+        self._hooked: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        # optimizer -> (KnownStep, its entry, the compile service it belongs to)
+        self._known: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        self._tls = threading.local()
+
+    # -- hooks ----------------------------------------------------------------------------
+    def attach(self, opt: Any) -> None:
+        """Make sure ``opt`` has our instance hooks, ours the last pre-hook and the first
+        post-hook (called from the global step pre-hook, before the instance hooks run)."""
+        if type(opt) not in CANDIDATES:
+            return
+        handles = self._hooked.get(opt)
+        if handles is None:
+            handles = (opt.register_step_pre_hook(_pre_hook), opt.register_step_post_hook(_post_hook))
+            self._hooked[opt] = handles
+        pre, post = opt._optimizer_step_pre_hooks, opt._optimizer_step_post_hooks
+        if handles[0].id in pre and next(reversed(pre)) != handles[0].id:
+            pre.move_to_end(handles[0].id)
+        if handles[1].id in post and next(iter(post)) != handles[1].id:
+            post.move_to_end(handles[1].id, last=False)
+
+    def _pending(self) -> "weakref.WeakKeyDictionary":
+        d = getattr(self._tls, "groups", None)
+        if d is None:
+            d = self._tls.groups = weakref.WeakKeyDictionary()
+        return d
+
+    def give_back(self, opt: Any = None) -> None:
+        """Give ``opt`` (None: every optimizer of this thread) its param groups back."""
+        d = getattr(self._tls, "groups", None)
+        if not d:
+            return
+        items = [(opt, d.pop(opt, None))] if opt is not None else list(d.items())
+        if opt is None:
+            d.clear()
+        for o, held in items:
+            if held is not None:
+                o.param_groups = held[0]
+
+    # -- one step -------------------------------------------------------------------------
+    def before_step(self, opt: Any, mode: Any, args: tuple, kwargs: dict) -> None:
+        """Our (last) step pre-hook: run the step compiled when it can, else leave it to
+        torch's body (eager)."""
+        if not mode.options.optimizer_step:
+            return
+        cls = type(opt).__name__
+        why = self._why_not(opt, args, kwargs)
+        counters = mode.counters
+        if why is not None:
+            _note(counters, cls, "eager: " + why)
+            return
+        service = mode.executor.compiler
+        known = self._known.get(opt)
+        got = known[0].check(opt) if known is not None and known[2] is service else None
+        entry = scalars = steps = None
+        if got is not None:  # Note [A known step is re-checked, not re-gathered]
+            entry = known[1]
+            if entry.program is not None:
+                steps = known[0].step_values(entry.program.reads, got.inputs)
+                scalars = _scalars(entry.program, got.hyper, steps, mode) if steps is not None else None
+            if scalars is None:
+                entry = None
+        if entry is None:
+            got = gather(opt, _PLAIN)
+            if isinstance(got, str):
+                _note(counters, cls, "eager: " + got)
+                return
+            entry, steps, scalars = self._lookup(opt, got, service, counters, cls, mode.options.backend)
+            if entry is None:
+                return
+            known = (KnownStep(opt, got), entry, service)
+            self._known[opt] = known
+        region = entry.region
+        if region.state == COMPILING:
+            service.check_timeout(region)
+        if region.state != COMPILED or region.fn is None:
+            reason = Why.COMPILING if region.state == COMPILING else f"{Why.FAILED}: {region.reason}"
+            _note(counters, cls, "eager: " + reason)
+            return
+        if self._run(opt, mode, entry, got, scalars, service, counters, cls):
+            known[0].stepped(entry.program.reads, entry.program.deltas, steps, got.inputs)
+
+    def _lookup(self, opt: Any, got: Any, service: Any, counters: Any, cls: str,
+                backend: Any) -> tuple:
+        """(entry, step values, scalars) for ``got``'s signature; (None, ...) when this step
+        runs eagerly (traced now, or not a candidate: noted)."""
+        table = self._table(service)
+        entries = table.get(got.key)
+        for e in entries or ():
+            if e.program is None:
+                _note(counters, cls, f"eager: {Why.FAILED}: {e.reason}")
+                return None, None, None
+            steps = step_values(e.program, got.inputs)
+            if steps is None:
+                _note(counters, cls, "eager: " + Why.STEPS)
+                return None, None, None
+            scalars = _scalars(e.program, got.hyper, steps, None)
+            if scalars is not None:
+                return e, steps, scalars
+        if entries is not None and len(entries) >= MAX_PROGRAMS:
+            _note(counters, cls, "eager: " + Why.TOO_MANY)
+        else:
+            self._trace(opt, got, service, table, counters, cls, backend)
+        return None, None, None
+
+    def after_step(self, opt: Any) -> None:
+        """Our (first) step post-hook: the groups back; a first compiled call checked."""
+        held = self._pending().pop(opt, None)
+        if held is None:
+            return
+        groups, check = held
+        opt.param_groups = groups
+        if check is not None:
+            entry, service, inputs, copies, mode, exact = check
+            counters = mode.counters
+            if not mode._parked and len(mode.recorder):  # eager's step, captured: run it
+                mode.flush(R.OPTIMIZER_STEP, user_source())
+            with torch.no_grad(), _disable_current_modes():
+                bad = next((i for i, (a, b) in enumerate(zip(inputs, copies))
+                            if not (torch.equal(_unwrap(a), b) if exact else close(_unwrap(a), b))), None)
+            if bad is not None:
+                service.fail(entry.region, f"{R.COMPILED_OUTPUTS_DIFFER}: optimizer step input {bad}")
+                _note(counters, entry.cls, f"eager: {Why.FAILED}: compiled step differs from eager")
+
+    def _why_not(self, opt: Any, args: tuple, kwargs: dict) -> str | None:
+        if len(args) > 1 or kwargs.get("closure") is not None:
+            return Why.CLOSURE
+        if getattr(opt, "grad_scale", None) is not None or getattr(opt, "found_inf", None) is not None:
+            return Why.OPTION + " grad_scale/found_inf (a fused GradScaler step)"
+        for g in opt.param_groups:
+            for name in ("fused", "differentiable", "capturable"):
+                if g.get(name):
+                    return f"{Why.OPTION} {name}"
+            if g.get("foreach") is False:
+                return f"{Why.OPTION} foreach=False"
+        return None
+
+    def _table(self, service: Any) -> cachetools.LRUCache:
+        with self._lock:
+            t = self._by_service.get(service)
+            if t is None:
+                t = self._by_service[service] = cachetools.LRUCache(MAX_SIGNATURES)
+            return t
+
+    def _trace(self, opt: Any, got: Any, service: Any, table: Any, counters: Any, cls: str,
+               backend: Any) -> None:
+        """Trace a new signature (or another branch of one) and queue its compile; this
+        step runs eagerly."""
+        try:
+            program = trace_step(opt, got)
+        except StateNotReady:
+            _note(counters, cls, "eager: " + Why.STATE)
+            return
+        except NotTraceable as e:
+            table.setdefault(got.key, []).append(_Entry(cls, None, None, str(e)))
+            _note(counters, cls, "signatures")
+            _note(counters, cls, f"eager: {Why.FAILED}: {e}")
+            return
+        except Exception as e:  # noqa: BLE001 - a failure inside the runtime: eager
+            log.debug("adaptive_eager: tracing %s's step failed", cls, exc_info=True)
+            table.setdefault(got.key, []).append(_Entry(cls, None, None, f"trace failed: {type(e).__name__}: {e}"))
+            _note(counters, cls, f"eager: {Why.FAILED}: trace failed")
+            return
+        region = RegionEntry(("optimizer", got.key, len(table.get(got.key) or ())), is_region=False)
+        entry = _Entry(cls, program, region)
+        table.setdefault(got.key, []).append(entry)
+        _note(counters, cls, "signatures")
+        if not service.take_fuel():
+            service.fail(region, f"{R.COMPILE_FAILED}: out of fuel")
+            return
+        # Note [A seam for the persistent cache]
+        # The one place a compiled step could come from an earlier process: an artifact
+        # stored under a key made of ``program.gm.code``, the example inputs' specs and the
+        # backend (stable across processes; ``region.key`` holds live torch objects) would
+        # be loaded here and handed to transition(region, COMPILED, fn=...), and stored
+        # when the compile below finishes. Not built here (the persistent cache is its own
+        # work); until then each process compiles its steps once.
+        steps = step_values(program, got.inputs) or []
+        with _disable_current_modes():  # real example tensors (a pending handle: its specs)
+            example = [_example(t) for t in got.inputs] + list(program.consts) + \
+                (program.scalars(got.hyper, steps) or [])
+        _note(counters, cls, "compiles")
+        exact = is_debugging(backend)
+        service.submit(region, lambda: (program.gm if exact else lerp_for_compiler(program.gm), example))
+        _note(counters, cls, "eager: " + (Why.COMPILING if region.state == COMPILING else
+                                            f"{Why.FAILED}: {region.reason}" if region.state == EAGER_ONLY
+                                            else "traced"))
+
+    def _run(self, opt: Any, mode: Any, entry: _Entry, got: Any, scalars: list, service: Any,
+             counters: Any, cls: str) -> bool:
+        depth = torch._C._len_torch_dispatch_stack()
+        if depth > (0 if mode._parked else 1):
+            _note(counters, cls, "eager: " + Why.MODES)
+            return False
+        if not mode._parked and len(mode.recorder):
+            mode.flush(R.OPTIMIZER_STEP, user_source())
+        # handles (a grad made by a captured backward, bound by now, possibly kept while
+        # parked): their real tensors
+        lazy = LazyTensor
+        inputs = [t._ae_real if type(t) is lazy else t for t in got.inputs]
+        if any(t is None for t in inputs):
+            _note(counters, cls, "eager: unbound handle")
+            return False
+        rest = list(entry.program.consts) + scalars
+        if not entry.checked:
+            entry.checked = True
+            if mode.options.verify_compiled:
+                # Note [The optimizer step as one compiled unit]: the first call runs on
+                # copies; torch's body runs on the real tensors this once, after_step compares
+                with torch.no_grad(), _disable_current_modes():  # real copies, not captured ones
+                    copies = [clone_strided(t) for t in inputs]
+                if self._call(entry, service, copies + rest, counters, cls):
+                    exact = is_debugging(mode.options.backend)
+                    self._pending()[opt] = (opt.param_groups, (entry, service, inputs, copies, mode, exact))
+                    _note(counters, cls, "eager: " + Why.VERIFYING)
+                return False
+        if not self._call(entry, service, inputs + rest, counters, cls):
+            return False
+        self._pending()[opt] = (opt.param_groups, None)
+        opt.param_groups = []
+        with counters.lock:
+            counters.optimizer_steps_compiled += 1
+        _note(counters, cls, "compiled steps")
+        return True
+
+    def _call(self, entry: _Entry, service: Any, args: list, counters: Any, cls: str) -> bool:
+        try:
+            with torch.no_grad(), _disable_current_modes(), torch._C.DisableTorchFunction():
+                entry.region.fn(*args)
+        except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
+            service.fail(entry.region, f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}")
+            _note(counters, cls, f"eager: {Why.FAILED}: compiled call failed")
+            return False
+        return True
+
+
+def _scalars(program: StepProgram, hyper: list, steps: list, mode: Any) -> list | None:
+    """The program's lifted scalars as real tensors (made off the mode stack)."""
+    if mode is not None and mode._parked:
+        return program.scalars(hyper, steps)
+    with _disable_current_modes():
+        return program.scalars(hyper, steps)
+
+
+def _note(counters: Any, cls: str, what: str) -> None:
+    with counters.lock:
+        counters.optimizer_step_kinds[f"{cls}|{what}"] += 1
+
+
+def _pre_hook(opt: Any, args: tuple, kwargs: dict) -> None:
+    from . import parking  # noqa: PLC0415 - parking imports this module
+
+    sp = parking.SAFE_POINTS
+    st = sp.thread_stack() if sp is not None else None
+    if st:
+        try:
+            STEPS.before_step(opt, st[-1][0], args, kwargs)
+        except Exception:  # noqa: BLE001 - a failure inside the runtime: the step runs eagerly
+            log.debug("adaptive_eager: the compiled optimizer step failed; eager", exc_info=True)
+            STEPS.give_back(opt)
+
+
+def _post_hook(opt: Any, args: tuple, kwargs: dict) -> None:
+    STEPS.after_step(opt)
+
+
+# Note [The step compiler registry]: one per process, like the safe points it is driven by.
+STEPS = StepCompiler()
+
+__all__ = ["StepCompiler", "STEPS", "CANDIDATES", "Why", "MAX_PROGRAMS"]

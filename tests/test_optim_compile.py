@@ -1,0 +1,462 @@
+"""The optimizer step as one compiled unit (Note [The optimizer step as one compiled unit]):
+bitwise equal to torch.optim's eager step with the debugging backends, compiled once per
+signature whatever the hyperparameters do, and everything eager does still holds (hooks,
+state_dict round trips, add_param_group, grads that are None, GradScaler, schedulers,
+hand-edited groups); closures, subclasses and unsupported options stay eager."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import adaptive_eager as ae
+from adaptive_eager import neuron_sim
+from adaptive_eager.dispatch.optim_compile import CANDIDATES
+
+O = torch.optim
+CASES = [
+    (O.AdamW, dict(lr=1e-3, weight_decay=0.01)), (O.Adam, dict(lr=1e-3)),
+    (O.Adam, dict(lr=1e-3, weight_decay=0.1, amsgrad=True)), (O.Adam, dict(lr=1e-3, maximize=True)),
+    (O.SGD, dict(lr=0.1)), (O.SGD, dict(lr=0.1, momentum=0.9)),
+    (O.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2)),
+    (O.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=1e-2)),
+    (O.RMSprop, dict(lr=1e-2)), (O.RMSprop, dict(lr=1e-2, momentum=0.9, centered=True, weight_decay=0.1)),
+    (O.Adagrad, dict(lr=1e-2, weight_decay=0.1, lr_decay=0.01)), (O.Adamax, dict(lr=1e-2)),
+    (O.Adadelta, dict(lr=1.0)), (O.Rprop, dict(lr=1e-2)),
+]
+_IDS = [f"{c.__name__}-{'-'.join(k for k in kw if k != 'lr') or 'plain'}" for c, kw in CASES]
+_SHAPES = [(64, 32), (32,), (17, 5), (1,), (9, 3, 3)]
+
+
+def _runtime(**kw):
+    opts = dict(backend="eager", async_compile=False)
+    opts.update(kw)
+    return ae.adaptive_eager(**opts)
+
+
+def _params(device: str = "cpu", dtype: torch.dtype = torch.float32, n: int = 8) -> list:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(_SHAPES[i % len(_SHAPES)], generator=gen, dtype=dtype).to(device).requires_grad_()
+            for i in range(n)]
+
+
+def _kinds(cls: type) -> dict:
+    out = {}
+    for key, n in ae.stats().optimizer_step_kinds.items():
+        c, _, what = key.partition("|")
+        if c == cls.__name__:
+            out[what] = n
+    return out
+
+
+def _run(cls, kw, steps: int, ctx=None, device: str = "cpu", none_every: int = 0, edit=None,
+         dtype=torch.float32, schedule: bool = True):
+    """``steps`` steps, lr changing every step (a scheduler), fresh grads (some None)."""
+    ps = _params(device, dtype)
+    opt = cls(ps, **kw)
+    sched = O.lr_scheduler.LambdaLR(opt, lambda s: 0.5 + 0.5 * (s % 7) / 7) if schedule else None
+    gen = torch.Generator().manual_seed(1)
+    if ctx is not None:
+        ctx.__enter__()
+    try:
+        for s in range(steps):
+            for i, p in enumerate(ps):
+                skip = none_every and (i + s) % none_every == 0
+                g = torch.randn(p.shape, generator=gen, dtype=dtype).to(device)
+                p.grad = None if skip else g
+            if edit is not None:
+                edit(opt, s)
+            opt.step()
+            if sched is not None:
+                sched.step()
+    finally:
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+    return ps, opt
+
+
+def _equal(a: list, b: list) -> None:
+    for x, y in zip(a, b):
+        assert torch.equal(x.detach().cpu(), y.detach().cpu()), (x - y).abs().max()
+
+
+def _state_equal(a, b) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa["param_groups"] == sb["param_groups"]
+    assert sa["state"].keys() == sb["state"].keys()
+    for k in sa["state"]:
+        for name, v in sa["state"][k].items():
+            w = sb["state"][k][name]
+            if isinstance(v, torch.Tensor):
+                assert torch.equal(v.cpu(), w.cpu()), (k, name)
+            else:
+                assert v == w
+
+
+def test_every_candidate_is_a_foreach_equal_class():
+    assert {O.Adam, O.AdamW, O.SGD, O.RMSprop, O.Adagrad} <= CANDIDATES
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("cls,kw", CASES, ids=_IDS)
+def test_compiled_step_is_bitwise_eager(cls, kw, backend):
+    """12 steps, lr changing every step: one compile, the steps after the first three
+    (state creation, trace and compile, first call checked on copies) run compiled, and
+    params, state and groups equal eager's to the last bit (eager's default on CPU is the
+    single-tensor path: the foreach graph agrees with it on these tensors)."""
+    ref, oref = _run(cls, kw, 12)
+    ae.reset_stats()
+    out, oout = _run(cls, kw, 12, ctx=_runtime(backend=backend))
+    _equal(ref, out)
+    _state_equal(oref, oout)
+    k = _kinds(cls)
+    assert k.get("compiles") == 1, k
+    # no state to create on the first step: plain SGD has none, Adagrad makes it in __init__
+    compiled = 10 if (cls is O.SGD and not kw.get("momentum")) or cls is O.Adagrad else 9
+    assert k.get("compiled steps") == compiled, k
+    assert ae.stats().optimizer_steps_compiled == compiled
+
+
+@pytest.mark.parametrize("cls,kw", [(O.AdamW, dict(lr=3e-3, weight_decay=0.1)),
+                                    (O.SGD, dict(lr=0.05, momentum=0.9, nesterov=True)),
+                                    (O.Adam, dict(lr=3e-3, amsgrad=True)),
+                                    (O.RMSprop, dict(lr=1e-3))],
+                         ids=["AdamW", "SGD-nesterov", "Adam-amsgrad", "RMSprop"])
+def test_300_step_cosine_schedule_compiles_once(cls, kw):
+    """A tiny model trained 300 steps with a cosine schedule: its step compiles once and
+    runs compiled for >= 250 steps, parked (the default policy), equal to eager."""
+    def train(ctx):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        opt = cls(m.parameters(), **kw)
+        sched = O.lr_scheduler.CosineAnnealingLR(opt, 300)
+        x, y = torch.randn(32, 8), torch.randn(32, 1)
+        if ctx is not None:
+            ctx.__enter__()
+        try:
+            for _ in range(300):
+                opt.zero_grad(set_to_none=True)
+                loss = ((m(x) - y) ** 2).mean()
+                loss.backward()
+                opt.step()
+                sched.step()
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        return list(m.parameters())
+
+    ref = train(None)
+    ae.reset_stats()
+    out = train(_runtime(warmup=True))
+    _equal(ref, out)
+    k = _kinds(cls)
+    assert k.get("compiles") == 1 and k.get("signatures") == 1, k
+    assert k.get("compiled steps", 0) >= 250, k
+
+
+def test_captured_program_flushes_then_runs_the_compiled_step():
+    """Capturing (pass-through off): the backward's pending grads are flushed first, the
+    step runs compiled, results equal eager."""
+    def train(ctx):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        opt = O.AdamW(m.parameters(), lr=1e-2)
+        x, y = torch.randn(32, 8), torch.randn(32, 1)
+        if ctx is not None:
+            ctx.__enter__()
+        try:
+            for _ in range(10):
+                opt.zero_grad()
+                ((m(x) - y) ** 2).mean().backward()
+                opt.step()
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        return list(m.parameters())
+
+    ref = train(None)
+    ae.reset_stats()
+    out = train(_runtime(adaptive_passthrough=False))
+    _equal(ref, out)
+    s = ae.stats()
+    assert s.optimizer_steps_compiled == 7
+    assert s.ops_captured > 0
+
+
+def test_hooks_fire_and_a_pre_hook_sets_lr():
+    """Step pre- and post-hooks fire on every compiled step; a pre-hook that sets lr (as a
+    schedule written by hand does) is seen by the step; post-hooks see the groups."""
+    def edit_hooks(opt, calls):
+        def pre(o, args, kwargs):
+            calls.append("pre")
+            for g in o.param_groups:
+                g["lr"] = 1e-3 * (1 + len(calls) % 5)
+        def post(o, args, kwargs):
+            calls.append(("post", len(o.param_groups[0]["params"])))
+        opt.register_step_pre_hook(pre)
+        opt.register_step_post_hook(post)
+
+    results = []
+    for ctx in (None, _runtime()):
+        ps = _params()
+        opt = O.Adam(ps, lr=1e-3)
+        calls: list = []
+        edit_hooks(opt, calls)
+        if ctx is not None:
+            ctx.__enter__()
+        try:
+            for s in range(8):
+                for p in ps:
+                    p.grad = torch.full_like(p, 0.1 * (s + 1))
+                opt.step()
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        results.append((ps, calls))
+    _equal(results[0][0], results[1][0])
+    assert results[0][1] == results[1][1]
+    assert ae.stats().optimizer_steps_compiled == 5
+
+
+def test_param_groups_edited_by_hand_never_recompile():
+    """nanoGPT sets lr in every group every step; betas and weight decay change too:
+    one compile, equal results."""
+    def edit(opt, s):
+        for g in opt.param_groups:
+            g["lr"] = 1e-3 * (1 + s % 3)
+            g["betas"] = (0.9 - 0.01 * (s % 2), 0.999)
+            g["weight_decay"] = 0.01 * (1 + s % 4)
+
+    ref, _ = _run(O.AdamW, dict(lr=1e-3), 12, edit=edit)
+    ae.reset_stats()
+    out, _ = _run(O.AdamW, dict(lr=1e-3), 12, ctx=_runtime(), edit=edit)
+    _equal(ref, out)
+    k = _kinds(O.AdamW)
+    assert k.get("compiles") == 1 and k.get("compiled steps") == 9, k
+
+
+def test_a_branch_change_is_another_trace():
+    """weight_decay becoming 0 takes another branch of torch's code: a new trace (a guard
+    failed), never a wrong result."""
+    def edit(opt, s):
+        for g in opt.param_groups:
+            g["weight_decay"] = 0.0 if s >= 6 else 0.1
+
+    ref, _ = _run(O.SGD, dict(lr=0.1, momentum=0.9), 12, edit=edit)
+    ae.reset_stats()
+    out, _ = _run(O.SGD, dict(lr=0.1, momentum=0.9), 12, ctx=_runtime(), edit=edit)
+    _equal(ref, out)
+    assert _kinds(O.SGD).get("compiles") == 2
+
+
+def test_grads_that_are_none_and_zero_grad_set_to_none():
+    """Some params have no grad on some steps: each pattern is its own signature; results
+    equal eager's."""
+    ref, oref = _run(O.Adam, dict(lr=1e-3), 16, none_every=3)
+    ae.reset_stats()
+    out, oout = _run(O.Adam, dict(lr=1e-3), 16, ctx=_runtime(), none_every=3)
+    _equal(ref, out)
+    _state_equal(oref, oout)
+    assert ae.stats().optimizer_steps_compiled > 0
+
+
+def test_state_dict_round_trip_mid_run():
+    """state_dict() mid-run, loaded into a fresh optimizer that goes on: as eager."""
+    def run(ctx):
+        ps = _params()
+        opt = O.AdamW(ps, lr=1e-3)
+        gen = torch.Generator().manual_seed(2)
+        if ctx is not None:
+            ctx.__enter__()
+        try:
+            for s in range(12):
+                for p in ps:
+                    p.grad = torch.randn(p.shape, generator=gen)
+                opt.step()
+                if s == 6:
+                    sd = copy.deepcopy(opt.state_dict())
+                    opt = O.AdamW(ps, lr=1e-3)
+                    opt.load_state_dict(sd)
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        return ps, opt
+
+    ref, oref = run(None)
+    ae.reset_stats()
+    out, oout = run(_runtime())
+    _equal(ref, out)
+    _state_equal(oref, oout)
+    assert ae.stats().optimizer_steps_compiled >= 6
+
+
+def test_add_param_group_mid_run():
+    def edit(opt, s):
+        if s == 5:
+            extra = torch.ones(7, requires_grad=True)
+            extra.grad = torch.full((7,), 0.5)
+            opt.add_param_group({"params": [extra], "lr": 0.05})
+
+    # (a scheduler would not know the new group: edited by hand instead)
+    def edit_lr(opt, s):
+        edit(opt, s)
+        opt.param_groups[0]["lr"] = 0.1 / (1 + s)
+
+    ref, oref = _run(O.SGD, dict(lr=0.1, momentum=0.9), 12, edit=edit_lr, schedule=False)
+    ae.reset_stats()
+    out, oout = _run(O.SGD, dict(lr=0.1, momentum=0.9), 12, ctx=_runtime(), edit=edit_lr, schedule=False)
+    _equal(ref, out)
+    _state_equal(oref, oout)
+    assert _kinds(O.SGD).get("compiles") == 2
+
+
+def test_grad_scaler_skips_inf_steps():
+    """scaler.step(opt) with an inf in some steps' grads: those steps are skipped, the
+    others run compiled; everything equals eager."""
+    def run(ctx):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(8, 4)
+        opt = O.Adam(m.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+        x = torch.randn(16, 8)
+        if ctx is not None:
+            ctx.__enter__()
+        try:
+            for s in range(12):
+                opt.zero_grad()
+                scaler.scale(m(x).square().mean()).backward()
+                if s in (4, 9):
+                    m.weight.grad[0, 0] = float("inf")
+                scaler.step(opt)
+                scaler.update()
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        return list(m.parameters()), opt, scaler.get_scale()
+
+    ref, oref, sr = run(None)
+    ae.reset_stats()
+    out, oout, so = run(_runtime())
+    _equal(ref, out)
+    _state_equal(oref, oout)
+    assert sr == so
+    assert ae.stats().optimizer_steps_compiled > 0
+
+
+def test_lbfgs_stays_eager_and_bitwise():
+    def run(ctx):
+        torch.manual_seed(0)
+        w = torch.randn(5, requires_grad=True)
+        x, y = torch.randn(20, 5), torch.randn(20)
+        opt = O.LBFGS([w], lr=0.5, max_iter=5)
+
+        def closure():
+            opt.zero_grad()
+            loss = ((x @ w - y) ** 2).mean()
+            loss.backward()
+            return loss
+
+        if ctx is not None:
+            ctx.__enter__()
+        try:
+            for _ in range(4):
+                opt.step(closure)
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        return [w]
+
+    ref = run(None)
+    ae.reset_stats()
+    out = run(_runtime())
+    _equal(ref, out)
+    assert ae.stats().optimizer_steps_compiled == 0
+
+
+class _MySGD(O.SGD):
+    def step(self, closure=None):  # overrides step: not a candidate
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("make,why", [
+    (lambda ps: O.Adam(ps, lr=1e-3, differentiable=True), "differentiable"),
+    (lambda ps: O.Adam(ps, lr=1e-3, fused=True), "fused"),
+    (lambda ps: O.Adam(ps, lr=1e-3, foreach=False), "foreach=False"),
+    (lambda ps: O.Adam(ps, lr=torch.tensor(1e-3), capturable=False, foreach=False), "foreach=False"),
+    (lambda ps: O.SGD(ps, lr=torch.tensor(0.1)), "a tensor lr"),
+    (lambda ps: O.Adam(ps, lr=1e-3), None),
+], ids=["differentiable", "fused", "foreach-false", "tensor-lr-foreach-false", "tensor-lr", "plain"])
+def test_not_candidates_stay_eager_with_a_reason(make, why):
+    ps = [p.detach() for p in _params()]  # (differentiable=True refuses in-place on leaves)
+    opt = make(ps)
+    with _runtime():
+        for s in range(5):
+            for p in ps:
+                p.grad = torch.full_like(p, 0.1)
+            opt.step()
+    k = _kinds(type(opt))
+    if why is None:
+        assert k.get("compiled steps") == 2
+    else:
+        assert "compiled steps" not in k
+        assert any(why in w for w in k), k
+
+
+def test_subclass_overriding_step_stays_eager():
+    ps = _params()
+    opt = _MySGD(ps, lr=0.1, momentum=0.9)
+    with _runtime():
+        for _ in range(5):
+            for p in ps:
+                p.grad = torch.full_like(p, 0.1)
+            opt.step()
+    assert ae.stats().optimizer_steps_compiled == 0
+
+
+def test_option_off_leaves_the_step_alone():
+    ps = _params()
+    opt = O.AdamW(ps, lr=1e-3)
+    with _runtime(optimizer_step=False):
+        for _ in range(5):
+            for p in ps:
+                p.grad = torch.full_like(p, 0.1)
+            opt.step()
+    assert ae.stats().optimizer_steps_compiled == 0
+    assert not ae.stats().optimizer_step_kinds
+
+
+def test_report_has_a_line_per_optimizer_class():
+    _run(O.AdamW, dict(lr=1e-3), 6, ctx=_runtime())
+    text = ae.report()
+    assert "Optimizer steps as one compiled function" in text
+    assert "AdamW: 1 signature, 1 compile, 3 steps compiled; eager: " in text
+    assert "state creation (first step)" in text
+
+
+@pytest.mark.parametrize("cls,kw", [(O.AdamW, dict(lr=1e-3, weight_decay=0.01)),
+                                    (O.SGD, dict(lr=0.1, momentum=0.9))], ids=["AdamW", "SGD"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_neuron_device_bitwise(cls, kw, backend):
+    """On the emulated neuron device: compiled steps equal eager's on that device."""
+    neuron_sim.enable()
+    ref, oref = _run(cls, kw, 10, device="neuron")
+    ae.reset_stats()
+    out, oout = _run(cls, kw, 10, device="neuron", ctx=_runtime(device="neuron", backend=backend))
+    _equal(ref, out)
+    _state_equal(oref, oout)
+    assert ae.stats().optimizer_steps_compiled == 7
+
+
+def test_inductor_within_compile_differences():
+    """Inductor: the compiled step stays within float32 rounding of eager (as
+    torch.compile(opt.step) does) and runs compiled."""
+    ref, _ = _run(O.AdamW, dict(lr=1e-3, weight_decay=0.01), 10)
+    ae.reset_stats()
+    out, _ = _run(O.AdamW, dict(lr=1e-3, weight_decay=0.01), 10, ctx=_runtime(backend="inductor"))
+    for x, y in zip(ref, out):
+        assert (x - y).abs().max() <= 1e-6 * x.abs().max() + 1e-7
+    s = ae.stats()
+    assert s.optimizer_steps_compiled == 7
+    assert _kinds(O.AdamW).get("compiles") == 1
