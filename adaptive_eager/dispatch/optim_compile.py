@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..runtime.backends import is_debugging
 from ..runtime.cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from ..runtime.checks import clone_strided, close
+from ..runtime.first_call import on_host
 from ..runtime.optim_fast import KnownStep
 from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
                                    trace_step)
@@ -222,6 +223,22 @@ class StepCompiler:
             self._trace(opt, got, service, table, counters, cls, backend)
         return None, None, None
 
+    def _call_via_host(self, entry: Any, service: Any, inputs: list, rest: list, counters: Any,
+                       cls: Any) -> tuple[bool, list]:
+        """The first compiled call on the program's own tensors, each saved to the host
+        first and put back after (version counters too): (ran, what the call left, on
+        the host)."""
+        with torch.no_grad(), _disable_current_modes():
+            saved = [on_host(t) for t in inputs]
+            versions = [t._version for t in inputs]
+        ok = self._call(entry, service, inputs + rest, counters, cls)
+        with torch.no_grad(), _disable_current_modes():
+            got = [on_host(t) for t in inputs] if ok else []
+            for t, s in zip(inputs, saved):
+                t.copy_(s)
+        _set_versions(tuple(inputs), tuple(versions))
+        return ok, got
+
     def after_step(self, opt: Any) -> None:
         """Our (first) step post-hook: the groups back; a first compiled call checked."""
         held = self._pending().pop(opt, None)
@@ -236,7 +253,8 @@ class StepCompiler:
                 mode.flush(R.OPTIMIZER_STEP, user_source())
             with torch.no_grad(), _disable_current_modes():
                 bad = next((i for i, (a, b) in enumerate(zip(inputs, copies))
-                            if not (torch.equal(_unwrap(a), b) if exact else close(_unwrap(a), b))), None)
+                            if not (torch.equal(_here(a, b), b) if exact else close(_here(a, b), b))),
+                           None)
             if bad is not None:
                 service.fail(entry.region, f"{R.COMPILED_OUTPUTS_DIFFER}: optimizer step input {bad}")
                 _note(counters, entry.cls, f"eager: {Why.FAILED}: compiled step differs from eager")
@@ -326,9 +344,15 @@ class StepCompiler:
             if mode.options.verify_compiled:
                 # Note [The optimizer step as one compiled unit]: the first call runs on
                 # copies; torch's body runs on the real tensors this once, after_step compares
-                with torch.no_grad(), _disable_current_modes():  # real copies, not captured ones
-                    copies = [clone_strided(t) for t in inputs]
-                if self._call(entry, service, copies + rest, counters, cls):
+                if any(t.device.type != "cpu" for t in inputs):
+                    # on an accelerator, host copies (Note [The first compiled call runs on
+                    # copies], runtime/first_call.py): device memory stays at eager's
+                    ok, copies = self._call_via_host(entry, service, inputs, rest, counters, cls)
+                else:
+                    with torch.no_grad(), _disable_current_modes():  # real copies, not captured ones
+                        copies = [clone_strided(t) for t in inputs]
+                    ok = self._call(entry, service, copies + rest, counters, cls)
+                if ok:
                     exact = is_debugging(mode.options.backend)
                     self._pending()[opt] = (opt.param_groups, (entry, service, inputs, copies, mode, exact))
                     _note(counters, cls, "eager: " + Why.VERIFYING)
@@ -359,6 +383,15 @@ def _scalars(program: StepProgram, hyper: list, steps: list, mode: Any) -> list 
         return program.scalars(hyper, steps)
     with _disable_current_modes():
         return program.scalars(hyper, steps)
+
+
+def _here(a: Any, b: torch.Tensor) -> torch.Tensor:
+    """``a``'s real tensor, on ``b``'s device (host copies are compared on the host)."""
+    t = _unwrap(a)
+    return on_host(t) if b.device != t.device else t
+
+
+_set_versions = torch._C._autograd._unsafe_set_version_counter
 
 
 def _note(counters: Any, cls: str, what: str) -> None:
