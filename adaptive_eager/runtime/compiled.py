@@ -55,7 +55,7 @@ from ..fusion.partition import Partition, Region, partition
 from ..fusion.policy import DefaultCost, SupportPolicy
 from ..fusion.scalars import lift_rule, lifted_dtype, scalar_dtype
 from ..fusion.signature import miss_cause, outline, window_key
-from .backends import backend_support, for_device, get_backend, is_debugging
+from .backends import backend_support, for_device, get_backend, is_debugging, layout_decompositions
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
 from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact, outputs_match
 from .compiler import CompileService
@@ -133,7 +133,8 @@ class CompiledExecutor:
         self.cost = cost or DefaultCost(min_work=options.min_region_work)
         self.cache = RegionCache(options.cache_size, counters)
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
-                                       options.async_compile, options.compile_timeout_s, fuel)
+                                       options.async_compile, options.compile_timeout_s, fuel,
+                                       layout_decompositions(options.backend))
         self.demote = not is_debugging(options.backend)
         # Note [One history per window key] (runtime/windows.py): plan, first sighting and
         # measured times of a window key live in one entry, evicted together.
@@ -425,6 +426,11 @@ class CompiledExecutor:
             ref = [env[v] for v in region.outputs]
             problem = outputs_match(window, region, outs, ref, copies, env)
         if problem is not None:
+            if "strides" in problem:  # Note [Which op's layout disagreed] (layouts.py)
+                lowered = lower(window, region)
+                found = self.compiler.explain_layout(lowered.module, lowered.example_inputs())
+                if found is not None:
+                    problem += f" [layout: {found.describe()}]"
             self.compiler.fail(entry, f"{R.COMPILED_OUTPUTS_DIFFER}: {problem}")
         return False
 
