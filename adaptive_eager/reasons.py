@@ -187,13 +187,13 @@ FALLBACK_ADVICE: dict[str, str] = {
                               "(--backend or ADAPTIVE_EAGER_BACKEND)",
     "aliased_inputs": "the region updates views of one tensor in place (e.g. optimizer steps, "
                       "slices written in place); it replays eagerly, results unchanged",
+    "factory": "creates a tensor from nothing (arange, zeros): it runs just before its "
+               "region, which takes it as an input (Note [Factories outside Inductor "
+               "regions]); nothing to change",
     "compiler_layout": "the compile backend lays this op's result out with other strides than "
                        "eager (its decomposition), so its region failed to compile or returned "
                        "other strides and runs eagerly, results unchanged; TORCH_LOGS=ae_compiles "
                        "shows the strides (Note [Which op's layout disagreed]; please report it)",
-    "factory": "creates a tensor from nothing (arange, zeros): it runs just before its "
-               "region, which takes it as an input (Note [Factories outside Inductor "
-               "regions]); nothing to change",
 }
 
 # Why a compiled region runs eagerly from now on (runtime/compiler.py, runtime/compiled.py):
