@@ -2,9 +2,8 @@
 
 Inductor traces a region again after its own decompositions; a decomposition that lays
 out its result otherwise than eager breaks the region's views (Note [Which op's layout
-disagreed], runtime/layouts.py). ``decomposing`` below is AOTAutograd with Inductor's
-decompositions and no code generation (torch's ``aot_eager_decomp_partition``): it shows
-Inductor's layouts in well under a second a region, where Inductor takes tens.
+disagreed], runtime/layouts.py). ``decomposing`` (tests/helpers.py) shows Inductor's
+layouts without its code generation.
 """
 
 from __future__ import annotations
@@ -21,25 +20,9 @@ from adaptive_eager.fusion.ir import OpNode, TensorSpec, ValueRef, Window
 from adaptive_eager.fusion.fxgraph import lower
 from adaptive_eager.fusion.partition import Region
 from adaptive_eager.runtime.layouts import explains_layout, layout_disagreements
+from helpers import decomposing, inductor_table as _inductor_table
 
 aten = torch.ops.aten
-
-
-def decomposing(gm, example_inputs):
-    """Inductor's decompositions and layouts, run by AOTAutograd without code generation."""
-    from torch._dynamo.backends.debugging import aot_eager_decomp_partition
-
-    with torch.no_grad():
-        return aot_eager_decomp_partition(gm, example_inputs)
-
-
-def _inductor_table():
-    from torch._inductor.decomposition import select_decomp_table
-
-    return select_decomp_table()
-
-
-decomposing.decompositions = _inductor_table
 OPTS = dict(backend=decomposing, compile_after=1, async_compile=False, min_region_work=0,
             adaptive_passthrough=False)
 

@@ -22,27 +22,12 @@ from adaptive_eager.runtime import register_backend
 
 pytest.importorskip("transformers", reason="pip install transformers (the test extra)")
 import models_zoo as zoo  # noqa: E402 - after the importorskip
+from helpers import decomposing  # noqa: E402
 
 STEPS = 6
-
-
-def _decomposing(gm, example_inputs):
-    from torch._dynamo.backends.debugging import aot_eager_decomp_partition
-
-    with torch.no_grad():
-        return aot_eager_decomp_partition(gm, example_inputs)
-
-
-def _inductor_table():
-    from torch._inductor.decomposition import select_decomp_table
-
-    return select_decomp_table()
-
-
-_decomposing.decompositions = _inductor_table
 # A debugging backend (never demoted for speed: the floors below must not depend on the
 # machine's load), with Inductor's op support (factories outside regions).
-register_backend("test_inductor_decompositions", _decomposing, OpSupport(factories=False),
+register_backend("test_inductor_decompositions", decomposing, OpSupport(factories=False),
                  debugging=True)
 OPTS = dict(backend="test_inductor_decompositions", async_compile=False,
             adaptive_passthrough=False)
