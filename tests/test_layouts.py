@@ -134,3 +134,22 @@ def test_explains_layout_only_layout_errors():
     assert explains_layout(ValueError("Cannot view a tensor with shape [2] and strides (2,)"))
     assert explains_layout("view size is not compatible with input tensor's size and stride")
     assert not explains_layout(RuntimeError("injected compile failure"))
+
+
+def test_a_compiled_calls_stride_assertion_names_the_input_recorded_otherwise():
+    from adaptive_eager.runtime.compiled import _why
+    from adaptive_eager.runtime.layouts import input_disagreement
+
+    x = torch.zeros(1, 32, dtype=torch.int64)
+    e = x.expand(4, 32)  # recorded: stride 0 at dim 0
+    specs = {0: TensorSpec.of(x), 1: TensorSpec.of(e), 2: TensorSpec.of(e + 1)}
+    w = Window({0: x}, (OpNode(aten.expand.default, (ValueRef(0), [4, 32]), (), (1,), is_view=True),
+                        OpNode(aten.add.Tensor, (ValueRef(1), 1), (), (2,))), specs, frozenset({2}))
+    region = Region((1,), (1,), (2,), (), True)
+    ran = torch.zeros(4, 32, dtype=torch.int64)  # what ran: stride 32 at dim 0
+    assert input_disagreement(w, region, [e]) is None
+    said = input_disagreement(w, region, [ran])
+    assert said == "input %1 (aten::expand): got strides (32, 1), recorded (0, 1)", said
+    error = AssertionError("expected size 4==4, stride 32==0 at dim=0")
+    assert _why(w, region, [ran], error) == f" [layout: {said}]"
+    assert _why(w, region, [ran], RuntimeError("injected")) == ""

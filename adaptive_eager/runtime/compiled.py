@@ -61,6 +61,7 @@ from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact,
 from .compiler import CompileService
 from .counters import Counters
 from .executor import FlushResult, Known, Verdict, replay_guard, run_nodes
+from .layouts import explains_layout, input_disagreement
 from .replay import EagerReplay
 from ..reasons import COST_REASONS as _COST_REASONS
 from ..reasons import R
@@ -101,6 +102,15 @@ def _by_input(region: Region) -> tuple:
     for vid, lo, hi, allowed in region.index_checks:
         grouped.setdefault(pos[vid], []).append((lo, hi, allowed))
     return tuple((j, tuple(r)) for j, r in grouped.items())
+
+
+def _why(window: Window, region: Region, args: list, error: BaseException) -> str:
+    """`` [layout: input ...]`` when a compiled call's error is about strides and an
+    argument's layout is not the recorded one (layouts.py), else ``""``."""
+    if not explains_layout(error):
+        return ""
+    found = input_disagreement(window, region, args)
+    return f" [layout: {found}]" if found else ""
 
 
 def _profiling() -> bool:
@@ -357,7 +367,7 @@ class CompiledExecutor:
                 outs = entry.fn(*args)
             ran_ns = time.perf_counter_ns() - t0
         except Exception as e:  # noqa: BLE001 - a checked artifact that fails later
-            reason = f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}"
+            reason = f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}{_why(window, region, args, e)}"
             if region.mutated:
                 # Its in-place updates may be partly done: replaying them would apply
                 # them twice, so the program sees the error (Note [The first compiled
@@ -410,7 +420,8 @@ class CompiledExecutor:
         try:
             outs = entry.fn(*copies)
         except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
-            self.compiler.fail(entry, f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}")
+            self.compiler.fail(entry, f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}"
+                                      f"{_why(window, region, args, e)}")
             self._run_eager(window, region, env)
             return False
         problem = outputs_match(window, region, outs, None, None, None) or \
