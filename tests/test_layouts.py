@@ -137,6 +137,7 @@ def test_explains_layout_only_layout_errors():
 
 
 def test_a_compiled_calls_stride_assertion_names_the_input_recorded_otherwise():
+    from adaptive_eager.runtime.cache import RegionEntry
     from adaptive_eager.runtime.compiled import _why
     from adaptive_eager.runtime.layouts import input_disagreement
 
@@ -151,5 +152,11 @@ def test_a_compiled_calls_stride_assertion_names_the_input_recorded_otherwise():
     said = input_disagreement(w, region, [ran])
     assert said == "input %1 (aten::expand): got strides (32, 1), recorded (0, 1)", said
     error = AssertionError("expected size 4==4, stride 32==0 at dim=0")
-    assert _why(w, region, [ran], error) == f" [layout: {said}]"
-    assert _why(w, region, [ran], RuntimeError("injected")) == ""
+    entry = RegionEntry("k", compiled_for=(specs[1],))
+    assert _why(w, region, entry, [ran], error) == \
+        " [layout: input %1 (aten::expand): got strides (32, 1), compiled for (0, 1)]"
+    assert _why(w, region, entry, [ran], RuntimeError("injected")) == ""
+    # compiled for another layout than the recorded one: the call is judged against it
+    entry = RegionEntry("k", compiled_for=(TensorSpec.of(ran),))
+    assert _why(w, region, entry, [e], error) == \
+        " [layout: input %1 (aten::expand): got strides (0, 1), compiled for (32, 1)]"

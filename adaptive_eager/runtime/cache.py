@@ -39,6 +39,7 @@ class RegionEntry:
     eager_ns: list[int] = field(default_factory=list)
     compiled_ns: list[int] = field(default_factory=list)
     scalars: dict = field(default_factory=dict)  # slot -> (value, 0-dim tensor)
+    compiled_for: tuple = ()  # the specs of the example inputs it was compiled with
 
 
 class _LRU(cachetools.LRUCache):

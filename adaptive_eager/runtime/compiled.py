@@ -104,12 +104,13 @@ def _by_input(region: Region) -> tuple:
     return tuple((j, tuple(r)) for j, r in grouped.items())
 
 
-def _why(window: Window, region: Region, args: list, error: BaseException) -> str:
+def _why(window: Window, region: Region, entry: RegionEntry, args: list,
+         error: BaseException) -> str:
     """`` [layout: input ...]`` when a compiled call's error is about strides and an
-    argument's layout is not the recorded one (layouts.py), else ``""``."""
+    argument's layout is not the one it was compiled for (layouts.py), else ``""``."""
     if not explains_layout(error):
         return ""
-    found = input_disagreement(window, region, args)
+    found = input_disagreement(window, region, args, entry.compiled_for)
     return f" [layout: {found}]" if found else ""
 
 
@@ -313,7 +314,7 @@ class CompiledExecutor:
         else:
             entry.seen += 1
             if entry.seen >= self.options.compile_after and self.compiler.take_fuel():
-                self.compiler.submit(entry, lambda: self._lower(window, region))
+                self.compiler.submit(entry, lambda: self._lower(window, region, entry))
                 if entry.state == COMPILED:
                     self._call_compiled(window, step, entry, env, floats)
                     window.progress.done.extend(region.nodes)
@@ -324,8 +325,11 @@ class CompiledExecutor:
             entry.eager_ns.append(time.perf_counter_ns() - t0)
         return entry.state != EAGER_ONLY
 
-    def _lower(self, window: Window, region: Region) -> tuple[Any, list]:
+    def _lower(self, window: Window, region: Region, entry: RegionEntry | None = None
+               ) -> tuple[Any, list]:
         lowered = lower(window, region)
+        if entry is not None:
+            entry.compiled_for = lowered.input_specs
         return lowered.module, lowered.example_inputs()
 
     def _scalars(self, step: Step, entry: RegionEntry, floats: list) -> list[torch.Tensor]:
@@ -367,7 +371,7 @@ class CompiledExecutor:
                 outs = entry.fn(*args)
             ran_ns = time.perf_counter_ns() - t0
         except Exception as e:  # noqa: BLE001 - a checked artifact that fails later
-            reason = f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}{_why(window, region, args, e)}"
+            reason = f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}{_why(window, region, entry, args, e)}"
             if region.mutated:
                 # Its in-place updates may be partly done: replaying them would apply
                 # them twice, so the program sees the error (Note [The first compiled
@@ -421,7 +425,7 @@ class CompiledExecutor:
             outs = entry.fn(*copies)
         except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
             self.compiler.fail(entry, f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}"
-                                      f"{_why(window, region, args, e)}")
+                                      f"{_why(window, region, entry, args, e)}")
             self._run_eager(window, region, env)
             return False
         problem = outputs_match(window, region, outs, None, None, None) or \

@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from ..fusion.fxgraph import SOURCE_META, SPEC_META, VALUE_META
-from ..fusion.ir import Window, op_name
+from ..fusion.ir import TensorSpec, Window, op_name
 from ..fusion.partition import Region
 from .checks import meta_problem
 
@@ -224,15 +224,20 @@ def explains_layout(error: BaseException | str) -> bool:
     return any(w in text for w in ("stride", "cannot view", "view size is not compatible"))
 
 
-def input_disagreement(window: Window, region: Region, args: Sequence[Any]) -> str | None:
+def input_disagreement(window: Window, region: Region, args: Sequence[Any],
+                       compiled_for: Sequence[TensorSpec] = ()) -> str | None:
     """``"input %v (aten::op at line): got strides ..., recorded ..."`` for the first
-    argument of a compiled call whose layout is not the one its region was recorded (and
-    compiled) with, or None: what a compiled call's stride assertion ("expected size
-    4==4, stride 32==0 at dim=0") does not say (Note [Which op's layout disagreed])."""
-    for vid, a in zip(region.inputs, args):
-        problem = meta_problem(a, window.specs[vid]) if isinstance(a, torch.Tensor) else None
+    argument of a compiled call whose layout is not the one its region was compiled for
+    (``compiled_for``: the example inputs' specs; the recorded specs where not given), or
+    None: what a compiled call's stride assertion ("expected size 4==4, stride 32==0 at
+    dim=0") does not say (Note [Which op's layout disagreed])."""
+    for j, (vid, a) in enumerate(zip(region.inputs, args)):
+        want = compiled_for[j] if j < len(compiled_for) else window.specs[vid]
+        problem = meta_problem(a, want) if isinstance(a, torch.Tensor) else None
         if problem is None:
             continue
+        if j < len(compiled_for):
+            problem = problem.replace("recorded", "compiled for")
         node = next((n for n in window.nodes if vid in n.outputs), None)
         made = f" ({node.name}{' at ' + node.source if node.source else ''})" if node else \
             " (a real tensor)"
