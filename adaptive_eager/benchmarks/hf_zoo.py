@@ -118,7 +118,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="gpt2,llama,bert,t5,mistral,qwen2,bart")
     p.add_argument("--backend", default="inductor")
-    p.add_argument("--attn", default="sdpa", help="eager or sdpa (the default)")
+    p.add_argument("--attn", default=None,
+                   help="eager or sdpa (default: the model's own, sdpa where it has one)")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=32)
