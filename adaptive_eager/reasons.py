@@ -79,6 +79,8 @@ class R:
     COMPILED_OUTPUTS_DIFFER = "compiled outputs differ"
     DEMOTED = "demoted"
     COMPILE_TIMED_OUT = "compile timed out after"
+    # the op a region's compile failure or stride mismatch comes from (runtime/layouts.py)
+    COMPILER_LAYOUT = "compiler_layout"
 
     @classmethod
     def all(cls) -> dict[str, str]:
@@ -199,6 +201,10 @@ FALLBACK_ADVICE: dict[str, str] = {
     "factory": "creates a tensor from nothing (arange, zeros): it runs just before its "
                "region, which takes it as an input (Note [Factories outside Inductor "
                "regions]); nothing to change",
+    "compiler_layout": "the compile backend lays this op's result out with other strides than "
+                       "eager (its decomposition), so its region failed to compile or returned "
+                       "other strides and runs eagerly, results unchanged; TORCH_LOGS=ae_compiles "
+                       "shows the strides (Note [Which op's layout disagreed]; please report it)",
 }
 
 # Why a compiled region runs eagerly from now on (runtime/compiler.py, runtime/compiled.py):

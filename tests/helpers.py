@@ -104,3 +104,25 @@ def assert_same_exception(expected: BaseException, actual: Any) -> None:
 
 __all__ = ["clone_tree", "assert_same", "run_both", "grads_of", "assert_same_exception", "BACKEND",
            "OPTIONS", "mode"]
+
+
+def inductor_table() -> dict:
+    """Inductor's decomposition table (what its tracer decomposes before lowering)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+def decomposing(gm: Any, example_inputs: list) -> Callable[..., Any]:
+    """A backend with Inductor's decompositions and layouts, run by AOTAutograd without
+    code generation (torch's ``aot_eager_decomp_partition``): a region compiles in well
+    under a second where Inductor takes tens, and a decomposition that lays a result out
+    otherwise than eager fails as it does under Inductor (plain aot_eager decomposes
+    nothing). Its ``decompositions`` name the op (runtime/layouts.py)."""
+    from torch._dynamo.backends.debugging import aot_eager_decomp_partition
+
+    with torch.no_grad():
+        return aot_eager_decomp_partition(gm, example_inputs)
+
+
+decomposing.decompositions = inductor_table  # type: ignore[attr-defined]

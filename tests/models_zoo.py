@@ -51,13 +51,43 @@ def t5() -> torch.nn.Module:
         vocab_size=VOCAB, decoder_start_token_id=0, pad_token_id=0))
 
 
+def mistral() -> torch.nn.Module:
+    """Grouped-query attention (2 key/value heads for 4), SDPA attention (the default)."""
+    T = _transformers()
+    return T.MistralForCausalLM(T.MistralConfig(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, sliding_window=None,
+        pad_token_id=0, bos_token_id=None, eos_token_id=None))
+
+
+def qwen2() -> torch.nn.Module:
+    """Grouped-query attention with q/k/v biases, SDPA attention (the default)."""
+    T = _transformers()
+    return T.Qwen2ForCausalLM(T.Qwen2Config(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=None, eos_token_id=None))
+
+
+def bart() -> torch.nn.Module:
+    """An encoder-decoder with learned positions, SDPA attention (the default)."""
+    T = _transformers()
+    return T.BartForConditionalGeneration(T.BartConfig(
+        encoder_layers=2, decoder_layers=2, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        encoder_attention_heads=4, decoder_attention_heads=4, vocab_size=VOCAB,
+        max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=2))
+
+
 ZOO: dict[str, Callable[[], torch.nn.Module]] = {"gpt2": gpt2, "llama": llama, "bert": bert, "t5": t5}
+# More architectures, for the fusion test over the zoo (tests/test_models_fused.py)
+MORE: dict[str, Callable[[], torch.nn.Module]] = {"mistral": mistral, "qwen2": qwen2, "bart": bart}
 
 
 def build(name: str, seed: int = 0) -> torch.nn.Module:
     """The model, eval mode (no dropout: eager and the runtime must agree exactly)."""
     torch.manual_seed(seed)
-    return ZOO[name]().eval()
+    return {**ZOO, **MORE}[name]().eval()
 
 
 def inputs(name: str, seed: int = 1) -> dict[str, Any]:

@@ -168,6 +168,34 @@ def register_backend(name: str, compile_fn: CompileFn, support: OpSupport | None
     _REGISTRY[name] = (compile_fn, support or OpSupport(), debugging)
 
 
+def layout_decompositions(spec: str | CompileFn) -> Callable[[], Any] | None:
+    """A zero-argument function returning the decompositions the backend traces with
+    (op -> function), for naming the op whose layout a compiler changed (Note [Which
+    op's layout disagreed], runtime/layouts.py); None when unknown. Inductor's table for
+    "inductor"; for a callable backend (or a registered one), its ``decompositions``
+    attribute: a mapping, or a function returning one.
+
+    Example::
+
+        >>> layout_decompositions("eager") is None
+        True
+        >>> len(layout_decompositions("inductor")()) > 100
+        True
+    """
+    if spec == "inductor":
+        def inductor_table() -> Any:
+            from torch._inductor.decomposition import select_decomp_table  # noqa: PLC0415
+
+            return select_decomp_table()
+
+        return inductor_table
+    fn = spec if callable(spec) else (_REGISTRY.get(spec) or (None,))[0]
+    table = getattr(fn, "decompositions", None)
+    if table is None:
+        return None
+    return table if callable(table) else (lambda: table)
+
+
 def backend_names() -> list[str]:
     """Every backend name options accept (built-ins first)."""
     return list(_REGISTRY)
@@ -195,4 +223,4 @@ def is_debugging(spec: str | CompileFn) -> bool:
 
 
 __all__ = ["CompileFn", "BackendUnavailable", "register_backend", "backend_names", "get_backend", "for_device",
-           "backend_support", "is_debugging"]
+           "backend_support", "is_debugging", "layout_decompositions"]

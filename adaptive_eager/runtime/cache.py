@@ -40,6 +40,7 @@ class RegionEntry:
     compiled_ns: list[int] = field(default_factory=list)
     scalars: dict = field(default_factory=dict)  # slot -> (value, 0-dim tensor)
     is_region: bool = True           # False: a compiled optimizer step (counted on its own)
+    compiled_for: tuple = ()  # the specs of the example inputs it was compiled with
 
 
 class _LRU(cachetools.LRUCache):

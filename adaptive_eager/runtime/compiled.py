@@ -56,10 +56,11 @@ from ..fusion.partition import Partition, Region, partition
 from ..fusion.policy import DefaultCost, SupportPolicy
 from ..fusion.scalars import lift_rule, lifted_dtype, scalar_dtype
 from ..fusion.signature import miss_cause, outline, window_key
-from .backends import backend_support, for_device, get_backend, is_debugging
+from .backends import backend_support, for_device, get_backend, is_debugging, layout_decompositions
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
 from .checks import indices_in_range
 from .first_call import CompiledCodeWroteInput, first_call
+from .first_call import layout_why as _why
 from .compiler import CompileService
 from .counters import Counters
 from .memory import window_budget
@@ -142,7 +143,8 @@ class CompiledExecutor:
         self.cost = cost or DefaultCost(min_work=options.min_region_work)
         self.cache = RegionCache(options.cache_size, counters)
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
-                                       options.async_compile, options.compile_timeout_s, fuel)
+                                       options.async_compile, options.compile_timeout_s, fuel,
+                                       layout_decompositions(options.backend))
         self.demote = not is_debugging(options.backend)
         # Note [The first compiled call runs on copies] (first_call.py): larger first
         # calls are checked lean.
@@ -332,7 +334,7 @@ class CompiledExecutor:
         else:
             entry.seen += 1
             if entry.seen >= self.options.compile_after and self.compiler.take_fuel():
-                self.compiler.submit(entry, lambda: self._lower(window, region))
+                self.compiler.submit(entry, lambda: self._lower(window, region, entry))
                 if entry.state == COMPILED:
                     self._call_compiled(window, step, entry, env, floats)
                     window.progress.done.extend(region.nodes)
@@ -343,8 +345,11 @@ class CompiledExecutor:
             entry.eager_ns.append(time.perf_counter_ns() - t0)
         return entry.state != EAGER_ONLY
 
-    def _lower(self, window: Window, region: Region) -> tuple[Any, list]:
+    def _lower(self, window: Window, region: Region, entry: RegionEntry | None = None
+               ) -> tuple[Any, list]:
         lowered = lower(window, region)
+        if entry is not None:
+            entry.compiled_for = lowered.input_specs
         # A backend that compiles on CPU views (the emulated device) takes CPU examples:
         # no device memory for them (Note [Compiling for the emulated neuron device]).
         return lowered.module, lowered.example_inputs(
@@ -389,7 +394,7 @@ class CompiledExecutor:
                 outs = entry.fn(*args)
             ran_ns = time.perf_counter_ns() - t0
         except Exception as e:  # noqa: BLE001 - a checked artifact that fails later
-            reason = f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}"
+            reason = f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}{_why(window, region, entry, args, e)}"
             if region.mutated:
                 # Its in-place updates may be partly done: replaying them would apply
                 # them twice, so the program sees the error (Note [The first compiled
@@ -426,6 +431,13 @@ class CompiledExecutor:
         runtime/first_call.py): True when its results were bound, False when the region
         ran eagerly this time."""
         return first_call(self, window, step, entry, env, args, floats)
+
+    def _explain_layout(self, window: Window, region: Region) -> str:
+        """`` [layout: ...]``: the op whose layout the compiler changed (Note [Which op's
+        layout disagreed], layouts.py), else ``""``."""
+        lowered = lower(window, region)
+        found = self.compiler.explain_layout(lowered.module, lowered.example_inputs())
+        return f" [layout: {found.describe()}]" if found is not None else ""
 
     def _maybe_demote(self, entry: RegionEntry) -> None:
         if len(entry.compiled_ns) < _TIMED_CALLS or not entry.eager_ns:

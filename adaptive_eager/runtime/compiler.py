@@ -37,6 +37,7 @@ from .windows import transition
 from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from .compile_worker import THREADS_META, Exiting
 from .counters import Counters
+from .layouts import LayoutDisagreement, explains_layout, layout_disagreements
 from ..reasons import R
 
 log = logging.getLogger("adaptive_eager")
@@ -170,8 +171,10 @@ class CompileService:
     """
 
     def __init__(self, compile_fn: Callable, counters: Counters, async_: bool, timeout_s: float,
-                 fuel: int | None = -1):
+                 fuel: int | None = -1, decompositions: Callable[[], Any] | None = None):
         self.compile_fn = compile_fn
+        # the backend's decompositions, to name an op whose layout it changes (layouts.py)
+        self.decompositions = decompositions
         self.counters = counters
         self.async_ = async_
         self.timeout_s = timeout_s
@@ -248,7 +251,10 @@ class CompileService:
         if entry.state != COMPILING:  # timed out meanwhile
             return
         if err is not None:
-            self.fail(entry, f"{R.COMPILE_FAILED}: {type(err).__name__}: {err}")
+            found = self.explain_layout(gm, example) if isinstance(err, Exception) and \
+                explains_layout(err) else None
+            self.fail(entry, f"{R.COMPILE_FAILED}: {type(err).__name__}: {err}"
+                      + (f" [layout: {found.describe()}]" if found else ""))
             if not isinstance(err, Exception):
                 # An interrupt, not a compiler error: the region is eager-only and the books
                 # are kept, and a synchronous caller (waiting on this future) re-raises it.
@@ -263,6 +269,24 @@ class CompileService:
                 self.counters.regions_compiled += 1
             self.counters.compile_latency_s += latency
             self.counters.compile_latency_max_s = max(self.counters.compile_latency_max_s, latency)
+
+    def explain_layout(self, gm: Any, example: list) -> LayoutDisagreement | None:
+        """The first node of ``gm`` the backend lays out otherwise than eager, counted as a
+        fallback of its op (reason ``compiler_layout``) and logged (ae_compiles); None when
+        none is found (Note [Which op's layout disagreed], runtime/layouts.py)."""
+        try:
+            table = self.decompositions() if self.decompositions is not None else None
+            found = layout_disagreements(gm, example, table, first=True)
+        except Exception as e:  # noqa: BLE001 - a diagnosis must never fail a flush
+            clog.debug("layout check failed: %s: %s", type(e).__name__, e)
+            return None
+        if not found:
+            return None
+        clog.debug("layout: %s", found[0].describe())
+        with self.counters.lock:
+            self.counters.note_fallback(found[0].op, R.COMPILER_LAYOUT, found[0].source,
+                                        target=found[0].target)
+        return found[0]
 
     def check_timeout(self, entry: RegionEntry) -> None:
         """Called by the executor on each use of a compiling entry (async mode)."""

@@ -50,6 +50,7 @@ import torch
 from ..fusion.ir import Window
 from ..reasons import R
 from .cache import RegionEntry
+from .layouts import explains_layout, input_disagreement
 from .checks import (aliases_any, bits_hash, clone_strided, close, inputs_intact, outputs_match,
                      same_bits, summaries_close, summary)
 
@@ -101,25 +102,30 @@ def _eager(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict, fl
     entry.eager_ns.append(time.perf_counter_ns() - t0)
 
 
-def _fail(ex: Any, entry: RegionEntry, problem: str | None) -> None:
+def _fail(ex: Any, entry: RegionEntry, problem: str | None, window: Window | None = None,
+          region: Any = None) -> None:
     if problem is not None:
         if not problem.startswith(R.COMPILED_CALL_FAILED):
+            if "strides" in problem and window is not None:
+                problem += ex._explain_layout(window, region)  # Note [Which op's layout disagreed]
             problem = f"{R.COMPILED_OUTPUTS_DIFFER}: {problem}"
         ex.compiler.fail(entry, problem)
 
 
-def _call(entry: RegionEntry, args: list) -> tuple[Any, str | None]:
+def _call(entry: RegionEntry, args: list, why: Any = None) -> tuple[Any, str | None]:
+    """The artifact's outputs, or why it raised (``why(error)``: what its arguments'
+    layouts say, Note [Which op's layout disagreed] in layouts.py)."""
     try:
         return entry.fn(*args), None
     except Exception as e:  # noqa: BLE001 - a failing artifact: eager-only
-        return None, f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}"
+        return None, f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}{why(e) if why else ''}"
 
 
 def _on_copies(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
                args: list, floats: list) -> bool:
     region = step.region
     copies = [clone_strided(a) if isinstance(a, torch.Tensor) else a for a in args]
-    outs, problem = _call(entry, copies)
+    outs, problem = _call(entry, copies, lambda e: layout_why(window, region, entry, args, e))
     if problem is None:
         problem = outputs_match(window, region, outs, None, None, None) or \
             inputs_intact(region, args, copies)
@@ -132,7 +138,7 @@ def _on_copies(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict
     if problem is None and ex.options.verify_compiled:
         ref = [env[v] for v in region.outputs]
         problem = outputs_match(window, region, outs, ref, copies, written)
-    _fail(ex, entry, problem)
+    _fail(ex, entry, problem, window, region)
     return False
 
 
@@ -144,7 +150,7 @@ def _lean(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
               if j not in written and isinstance(a, torch.Tensor)}
     call = [clone_strided(a) if j in written else a for j, a in enumerate(args)]
     sums = sums_written = None
-    outs, problem = _call(entry, call)
+    outs, problem = _call(entry, call, lambda e: layout_why(window, region, entry, args, e))
     if problem is None:
         problem = outputs_match(window, region, outs, None, None, None)
         if problem is None and ex.options.verify_compiled:
@@ -165,7 +171,7 @@ def _lean(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
                 if not summaries_close(a, b)]
         if bad:
             problem = f"values {bad} differ from eager's (lean check of a large region)"
-    _fail(ex, entry, problem)
+    _fail(ex, entry, problem, window, region)
     return False
 
 
@@ -176,7 +182,7 @@ def _via_host(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
     saved = {j: on_host(args[j]) for j in tensors}
     versions = {j: args[j]._version for j in tensors if not args[j].is_inference()}
     got = got_written = None
-    outs, problem = _call(entry, args)
+    outs, problem = _call(entry, args, lambda e: layout_why(window, region, entry, args, e))
     if problem is None:
         problem = outputs_match(window, region, outs, None, None, None)
         if problem is None and ex.options.verify_compiled:
@@ -212,12 +218,21 @@ def _via_host(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
                 if not close(g, on_host(args[j])):
                     problem = f"input {region.inputs[j]}: in-place update differs from eager"
                     break
-    _fail(ex, entry, problem)
+    _fail(ex, entry, problem, window, region)
     return False
+
+
+def layout_why(window: Window, region: Any, entry: RegionEntry, args: list, error: BaseException) -> str:
+    """`` [layout: input ...]`` when a compiled call's error is about strides and an
+    argument's layout is not the one it was compiled for (layouts.py), else ``""``."""
+    if not explains_layout(error):
+        return ""
+    found = input_disagreement(window, region, args, entry.compiled_for)
+    return f" [layout: {found}]" if found else ""
 
 
 def _name(region: Any, j: int) -> Any:
     return region.inputs[j] if j < len(region.inputs) else f"scalar {j}"
 
 
-__all__ = ["first_call", "on_host", "CompiledCodeWroteInput"]
+__all__ = ["first_call", "on_host", "layout_why", "CompiledCodeWroteInput"]

@@ -1,0 +1,151 @@
+"""Hugging Face models with capture forced: fused share, compile failures, losses vs eager.
+
+Tiny configs with random init (no downloads): each model trains ``--steps`` AdamW steps
+on one batch of ``--batch`` x ``--seq`` tokens, eagerly and then under adaptive_eager with
+capture forced (``adaptive_passthrough=False``, ``warmup=False``) and synchronous
+compiles; ``--trainer`` runs ``transformers.Trainer`` on GPT-2 instead (needs accelerate).
+``--backend decompositions`` is AOTAutograd with Inductor's decompositions and no code
+generation (Inductor's layouts in a fraction of its compile time), registered as a
+debugging backend (never demoted for speed). Issue 27.
+
+    python -m benchmarks.hf_zoo --models gpt2,llama,bert,t5 --backend inductor --attn eager
+    python -m benchmarks.hf_zoo --trainer --backend inductor
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+V = 128
+
+
+def build(name: str, attn: str | None) -> torch.nn.Module:
+    import transformers as T
+
+    T.logging.set_verbosity_error()
+    kw: dict[str, Any] = {} if attn is None else {"attn_implementation": attn}
+    dec = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=V, max_position_embeddings=64, pad_token_id=0,
+               bos_token_id=None, eos_token_id=None, **kw)
+    torch.manual_seed(0)
+    if name == "gpt2":
+        return T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=V,
+                                              n_positions=64, pad_token_id=0, **kw))
+    if name == "llama":
+        return T.LlamaForCausalLM(T.LlamaConfig(**dec))
+    if name == "mistral":
+        return T.MistralForCausalLM(T.MistralConfig(sliding_window=None, **dec))
+    if name == "qwen2":
+        return T.Qwen2ForCausalLM(T.Qwen2Config(**dec))
+    if name == "bert":
+        return T.BertForMaskedLM(T.BertConfig(
+            num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+            vocab_size=V, max_position_embeddings=64, **kw))
+    if name == "t5":
+        return T.T5ForConditionalGeneration(T.T5Config(
+            num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16,
+            vocab_size=V, decoder_start_token_id=0, pad_token_id=0, **kw))
+    if name == "bart":
+        return T.BartForConditionalGeneration(T.BartConfig(
+            encoder_layers=2, decoder_layers=2, d_model=64, encoder_ffn_dim=128,
+            decoder_ffn_dim=128, encoder_attention_heads=4, decoder_attention_heads=4,
+            vocab_size=V, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, decoder_start_token_id=2, **kw))
+    raise SystemExit(f"unknown model {name!r}")
+
+
+def train(name: str, args: argparse.Namespace) -> list[float]:
+    model = build(name, args.attn).eval()  # eval: no dropout, eager and capture agree
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, V, (args.batch, args.seq), generator=g)
+    kw = {"input_ids": ids, "labels": ids}
+    if name == "t5":
+        kw["decoder_input_ids"] = torch.randint(3, V, (args.batch, args.seq), generator=g)
+    losses = []
+    for _ in range(args.steps):
+        opt.zero_grad(set_to_none=True)
+        loss = model(**kw).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def trainer(name: str, args: argparse.Namespace) -> list[float]:
+    import transformers as T
+
+    model = build("gpt2", args.attn)
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randint(1, V, (args.steps * args.batch, args.seq), generator=g)
+    data = [{"input_ids": r.clone(), "labels": r.clone()} for r in rows]  # a tensor each
+    with tempfile.TemporaryDirectory() as d:
+        targs = T.TrainingArguments(output_dir=d, max_steps=args.steps, logging_steps=1,
+                                    per_device_train_batch_size=args.batch, report_to=[],
+                                    save_strategy="no", use_cpu=True, seed=0,
+                                    dataloader_num_workers=0, disable_tqdm=True, learning_rate=1e-3)
+        tr = T.Trainer(model=model, args=targs, train_dataset=data)
+        tr.train()
+    return [h["loss"] for h in tr.state.log_history if "loss" in h]
+
+
+def _decompositions_backend() -> str:
+    from adaptive_eager.fusion.policy import OpSupport
+    from adaptive_eager.runtime import register_backend
+
+    def decomposing(gm: Any, example_inputs: list) -> Any:
+        from torch._dynamo.backends.debugging import aot_eager_decomp_partition
+
+        with torch.no_grad():
+            return aot_eager_decomp_partition(gm, example_inputs)
+
+    def table() -> Any:
+        from torch._inductor.decomposition import select_decomp_table
+
+        return select_decomp_table()
+
+    decomposing.decompositions = table  # type: ignore[attr-defined]
+    register_backend("decompositions", decomposing, OpSupport(factories=False), debugging=True)
+    return "decompositions"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="gpt2,llama,bert,t5,mistral,qwen2,bart")
+    p.add_argument("--backend", default="inductor")
+    p.add_argument("--attn", default=None,
+                   help="eager or sdpa (default: the model's own, sdpa where it has one)")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--trainer", action="store_true", help="transformers.Trainer on GPT-2")
+    args = p.parse_args()
+    import adaptive_eager as ae
+    from adaptive_eager import session
+
+    backend = _decompositions_backend() if args.backend == "decompositions" else args.backend
+    run = trainer if args.trainer else train
+    for name in ["gpt2 (Trainer)"] if args.trainer else args.models.split(","):
+        ref = run(name, args)
+        session.clear_sessions()
+        ae.reset_stats()
+        t0 = time.perf_counter()
+        with ae.adaptive_eager(backend=backend, async_compile=False, adaptive_passthrough=False,
+                               warmup=False):
+            got = run(name, args)
+        s = ae.stats()
+        reasons = sorted({r for rs in s.fallback_reasons.values() for r in rs})
+        diff = max(abs(a - b) for a, b in zip(got, ref))
+        print(f"{name:15s} attn={args.attn} backend={args.backend} steps={args.steps} "
+              f"fused={s.fused_share:.0%} compile_failures={s.compile_failures} "
+              f"max|loss-eager|={diff:.1e} {time.perf_counter() - t0:.0f}s fallbacks={reasons}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
