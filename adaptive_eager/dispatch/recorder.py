@@ -482,7 +482,7 @@ class Recorder:
             t = inputs[vid]
             try:  # TensorBase's: not the read wrapper of observe.py
                 st = _UNTYPED_STORAGE(t)
-            except (RuntimeError, NotImplementedError):  # no storage (a wrapper)
+            except Exception:  # noqa: BLE001 - no storage (a wrapper, a functorch tensor)
                 continue
             ptr = st.data_ptr()
             # References of ours: self.inputs, H (matched inputs), the loop variable and

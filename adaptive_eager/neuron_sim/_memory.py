@@ -29,6 +29,7 @@ import weakref
 
 import torch
 
+_UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
 _LOCK = threading.Lock()
 _LIVE: dict[int, object] = {}  # storage data_ptr -> the token of its count
 _COUNTS = {"allocated": 0, "peak": 0}
@@ -36,7 +37,9 @@ _COUNTS = {"allocated": 0, "peak": 0}
 
 def track(t: torch.Tensor) -> torch.Tensor:
     """Count the storage of neuron tensor ``t`` until it dies (once per storage); ``t``."""
-    st = t.untyped_storage()
+    # TensorBase's, not torch.Tensor's: the runtime's read wrappers (dispatch/observe.py)
+    # would count the storage as exported, and ops on it would never be deferred.
+    st = _UNTYPED_STORAGE(t)
     n = st.nbytes()
     ptr = st.data_ptr()
     if n == 0:
