@@ -384,6 +384,10 @@ def _parse_fuel(name: str, value: Any, origin: str) -> int | None:
 SWITCHES: dict[str, tuple[Callable[[str, Any, str], Any], str]] = {
     "ADAPTIVE_EAGER": (_parse_bool, "turn the runtime on at `import torch` (1/0)"),
     "ADAPTIVE_EAGER_NEURON_SIM": (_parse_bool, "register the emulated neuron device (1/0)"),
+    "ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US": (
+        _float_parser(0.0), "the emulated device's launch latency in µs (with ..._NEURON_SIM=1)"),
+    "ADAPTIVE_EAGER_NEURON_SIM_ASYNC": (
+        _parse_bool, "emulated launches asynchronous (1, the default) or synchronous (0)"),
     "ADAPTIVE_EAGER_LOG": (_parse_level, "stderr logging at this level: debug, info, warning, error"),
     "ADAPTIVE_EAGER_FUEL": (_parse_fuel, "compile at most this many regions (bisecting a miscompile)"),
 }
@@ -417,6 +421,8 @@ def switch(variable: str, environ: Mapping[str, str] | None = None) -> Any:
 WARN_ONLY_SWITCHES = {
     "ADAPTIVE_EAGER": "staying off",
     "ADAPTIVE_EAGER_NEURON_SIM": "the emulated neuron device stays off",
+    "ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US": "the emulated device keeps its launch latency",
+    "ADAPTIVE_EAGER_NEURON_SIM_ASYNC": "the emulated device keeps its launch model",
     "ADAPTIVE_EAGER_LOG": "logging keeps its default level",
 }
 
