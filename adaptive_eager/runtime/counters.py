@@ -101,6 +101,7 @@ class Counters:
     meta_misses: int = 0
     optimizer_steps_foreach: int = 0  # torch.optim steps run at the foreach level (dispatch/optim.py)
     handles_released: int = 0     # bound handles turned into plain tensors (mode.release_handles)
+    device: str = ""              # the device deferred, and how it was chosen (Note [device="auto"])
     warmup_ended: str = ""        # why and where capture started (Note [The first iteration runs eagerly])
     # Where the time went (Note [What the time breakdown measures]): wall ns, summed over
     # flushed windows; one perf_counter_ns pair per flush and per region, none per op.
