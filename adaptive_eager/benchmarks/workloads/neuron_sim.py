@@ -9,7 +9,8 @@ skipped with a message. Times are from the simulation, not from Trainium.
 # Note [Honest figures on the emulator]
 An eager op on the emulated device costs the host far more than on a real device: the
 emulator's kernels are a Python PrivateUse1 fallback (``measure_host_overhead_us``:
-~60 us per tiny op over CPU eager's ~5 us, measured on the 2-core dev box), where a
+15-67 us per tiny op over CPU eager's 2.6-4.5 us, measured on the 2-core dev box at load
+3 and at load 10), where a
 real backend dispatches in C++. A fused region skips that fallback as well as the
 launches, so part of a wall-time speedup on the emulator is the emulator's own overhead
 saved. The row therefore reports, beside wall time, what a real device would also
