@@ -42,7 +42,7 @@ def _options_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", help="compile backend (inductor, aot_eager, eager, neuron)")
-    p.add_argument("--device", help="device type to defer (cpu, cuda, neuron)")
+    p.add_argument("--device", help="device type to defer (auto, cpu, cuda, neuron; default auto)")
     p.add_argument("-o", "--option", action="append", metavar="NAME=VALUE",
                    help="any runtime option, e.g. -o window_size=128 (repeatable)")
 

@@ -145,12 +145,47 @@ def accepted_device_types() -> tuple[str, ...]:
     return tuple(out)
 
 
+# Note [device="auto"]
+# The default device is "auto": the accelerator the process has
+# (``torch.accelerator.current_accelerator()``: cuda, or the neuron device once torch_neuronx
+# or the emulator registered it), else the CPU. It is resolved when Options are made
+# (``Options.__post_init__``), so every stage sees a concrete device type; the Options keep
+# whether it was chosen (``device_auto``) and the report says so. On a machine without an
+# accelerator "auto" is "cpu", exactly the old default. An unmodified program that runs
+# on the emulated neuron device (ADAPTIVE_EAGER_NEURON_SIM=1) no longer needs
+# ADAPTIVE_EAGER_DEVICE=neuron beside ADAPTIVE_EAGER=1.
+AUTO_DEVICE = "auto"
+
+
+def auto_device() -> str:
+    """The device type ``device="auto"`` stands for now (Note [device="auto"]).
+
+    Example::
+
+        >>> auto_device() in accepted_device_types()
+        True
+    """
+    import torch  # local: keeps `import adaptive_eager.config` light
+
+    accelerator = getattr(torch, "accelerator", None)
+    try:
+        if accelerator is not None and accelerator.is_available():
+            found = accelerator.current_accelerator()
+            if found is not None:
+                return found.type
+    except RuntimeError:  # an accelerator that fails to initialize is not one to defer
+        pass
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _parse_device(name: str, value: Any, origin: str) -> str:
     import torch  # local: keeps `import adaptive_eager.config` light
 
     if isinstance(value, torch.device):
         return value.type
     text = value.strip() if isinstance(value, str) else ""
+    if text.lower() == AUTO_DEVICE:
+        return AUTO_DEVICE
     if text:
         try:
             return torch.device(text).type
@@ -159,7 +194,7 @@ def _parse_device(name: str, value: Any, origin: str) -> str:
             if kind in _FUTURE_DEVICE_TYPES:
                 return kind
     raise ConfigError(
-        f"adaptive_eager option {name!r}{origin}: expected a device type, one of "
+        f"adaptive_eager option {name!r}{origin}: expected 'auto' or a device type, one of "
         f"{', '.join(accepted_device_types())}, got {value!r}"
     )
 
@@ -219,7 +254,8 @@ class _Spec:
 # validator) and its documentation. Options, the environment variables, patch() and
 # the README's table are all derived from this table.
 _SPECS: dict[str, _Spec] = {
-    "device": _Spec("cpu", _parse_device, "device type whose ops are deferred (cpu, cuda, neuron)"),
+    "device": _Spec(AUTO_DEVICE, _parse_device, "device type whose ops are deferred: auto (the "
+                    "accelerator torch.accelerator reports, else cpu), cpu, cuda, neuron"),
     "backend": _Spec(
         "inductor", _parse_backend,
         "compile backend for hot regions: inductor, aot_eager, eager, neuron, or a callable",
@@ -303,9 +339,29 @@ class Options:
     report: str = _SPECS["report"].default
     strict: bool = _SPECS["strict"].default
 
+    def __post_init__(self) -> None:
+        # Note [device="auto"]: resolved once, here; `device_auto` remembers the choice.
+        chosen = self.device == AUTO_DEVICE
+        if chosen:
+            object.__setattr__(self, "device", auto_device())
+        object.__setattr__(self, "_device_auto", chosen)
+
+    @property
+    def device_auto(self) -> bool:
+        """Whether ``device`` was chosen by ``device="auto"`` (Note [device="auto"]).
+
+        Example::
+
+            >>> Options(device="cpu").device_auto, Options().device_auto
+            (False, True)
+        """
+        return self._device_auto  # type: ignore[attr-defined]
+
     def replace(self, **changes: Any) -> "Options":
         """A copy with ``changes`` validated and applied."""
         parsed = {name: _parse(name, value, "") for name, value in changes.items()}
+        if "device" not in parsed and self.device_auto:
+            parsed["device"] = AUTO_DEVICE  # chosen afresh, as the original was
         return dataclasses.replace(self, **parsed)
 
 
@@ -390,6 +446,10 @@ def _parse_fuel(name: str, value: Any, origin: str) -> int | None:
 SWITCHES: dict[str, tuple[Callable[[str, Any, str], Any], str]] = {
     "ADAPTIVE_EAGER": (_parse_bool, "turn the runtime on at `import torch` (1/0)"),
     "ADAPTIVE_EAGER_NEURON_SIM": (_parse_bool, "register the emulated neuron device (1/0)"),
+    "ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US": (
+        _float_parser(0.0), "the emulated device's launch latency in µs (with ..._NEURON_SIM=1)"),
+    "ADAPTIVE_EAGER_NEURON_SIM_ASYNC": (
+        _parse_bool, "emulated launches asynchronous (1, the default) or synchronous (0)"),
     "ADAPTIVE_EAGER_LOG": (_parse_level, "stderr logging at this level: debug, info, warning, error"),
     "ADAPTIVE_EAGER_FUEL": (_parse_fuel, "compile at most this many regions (bisecting a miscompile)"),
 }
@@ -423,6 +483,8 @@ def switch(variable: str, environ: Mapping[str, str] | None = None) -> Any:
 WARN_ONLY_SWITCHES = {
     "ADAPTIVE_EAGER": "staying off",
     "ADAPTIVE_EAGER_NEURON_SIM": "the emulated neuron device stays off",
+    "ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US": "the emulated device keeps its launch latency",
+    "ADAPTIVE_EAGER_NEURON_SIM_ASYNC": "the emulated device keeps its launch model",
     "ADAPTIVE_EAGER_LOG": "logging keeps its default level",
 }
 
@@ -489,4 +551,5 @@ def describe() -> list[tuple[str, str, Any, str]]:
 __all__ = [
     "ConfigError", "Options", "OPTION_NAMES", "resolve", "patch", "env_overrides", "describe",
     "SWITCHES", "WARN_ONLY_SWITCHES", "switch", "check_switches", "accepted_device_types",
+    "auto_device", "AUTO_DEVICE",
 ]

@@ -356,6 +356,8 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
         ("cache", f"hits {_fmt_num(s.cache_hits)}, misses {_fmt_num(s.cache_misses)}, "
                   f"evictions {_fmt_num(s.cache_evictions)}  (hit rate {_pct(s.cache_hit_rate)})"),
     ]
+    if s.device:
+        rows.insert(0, ("device", s.device))
     if s.fast_ops or s.trace_mismatches:
         # Note [Recurring windows are matched, not recorded] (dispatch/trace.py)
         share = _pct(s.fast_ops / s.ops_captured) if s.ops_captured else "-"

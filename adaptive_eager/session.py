@@ -182,6 +182,7 @@ def _enter(st: list, options: Options) -> tuple:
         outer.flush(R.NESTED_ENTER)
         parking.unpark(outer, R.NESTED_ENTER)  # a parked outer mode goes back under the new one
     mode = get_session(options).new_mode()
+    mode.counters.device = describe_device(options)
     observer = Observer(mode)
     mode.__enter__()
     observer.__enter__()
@@ -315,6 +316,21 @@ def platform_defaults() -> dict[str, Any]:
     return dict(_NEURON_DEFAULTS) if _torch_neuronx_installed() else {}
 
 
+def describe_device(options: Options) -> str:
+    """The report's words for the device a block defers (Note [device="auto"] in config).
+
+    Example::
+
+        >>> describe_device(config.resolve(device="cpu"))
+        'cpu (set by the device option)'
+    """
+    if not options.device_auto:
+        return f"{options.device} (set by the device option)"
+    if options.device == "cpu":
+        return "cpu (device=auto: no accelerator)"
+    return f"{options.device} (device=auto: the accelerator torch.accelerator reports)"
+
+
 def resolve_options(**overrides: Any) -> Options:
     """``config.resolve`` with :func:`platform_defaults` under env vars and patches.
 
@@ -444,7 +460,7 @@ def reset_stats() -> None:
 __all__ = [
     "adaptive_eager", "sync", "stats", "reset_stats",
     "Session", "get_session", "clear_sessions", "counters", "current_mode",
-    "resolve_options", "platform_defaults",
+    "resolve_options", "platform_defaults", "describe_device",
 ]
 
 

@@ -11,6 +11,11 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # subprocesses it starts) runs with the eager warm-up off (Note [The first iteration
 # runs eagerly]); tests/test_warmup.py checks the default, warm-up on.
 os.environ["ADAPTIVE_EAGER_WARMUP"] = "0"
+# The suite registers the emulated neuron device in its own process (pytest_configure),
+# which makes it the accelerator device="auto" would pick (Note [device="auto"]); the
+# suite's programs are CPU programs unless a test says otherwise, as on a machine without
+# an accelerator. tests/test_devices.py checks "auto" itself.
+os.environ["ADAPTIVE_EAGER_DEVICE"] = "cpu"
 
 
 @pytest.fixture(autouse=True)

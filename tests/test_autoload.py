@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+from pathlib import Path
+
 import pytest
 
 SCRIPT = textwrap.dedent('''
@@ -213,3 +215,24 @@ def test_neuron_sim_from_env(tmp_path):
                    script)
     assert r.returncode == 0, r.stderr
     assert _lines(r.stdout)["main"] == "LazyTensor neuron [2.0, 2.0]"
+
+
+def test_neuron_sim_from_env_with_device_auto_and_launch_model(tmp_path):
+    # An unmodified program on the emulated device, environment only: device="auto"
+    # (the default) picks the neuron device (Note [device="auto"]), and the launch model
+    # comes from ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US / _ASYNC.
+    script = ("import torch\nx = torch.ones(2, device='neuron') * 2\n"
+              "print('main', type(x).__name__, x.device.type, x.cpu().tolist())\n"
+              "from adaptive_eager import neuron_sim, session\n"
+              "print('launch', neuron_sim.launch_latency_us(), neuron_sim.async_launch())\n"
+              "print('device', session.counters().device)\n")
+    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager",
+                              "ADAPTIVE_EAGER_NEURON_SIM": "1",
+                              "ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US": "50",
+                              "ADAPTIVE_EAGER_NEURON_SIM_ASYNC": "0"}, script,
+                   pythonpath=str(Path(__file__).resolve().parents[1]))  # this checkout
+    assert r.returncode == 0, r.stderr
+    lines = _lines(r.stdout)
+    assert lines["main"] == "LazyTensor neuron [2.0, 2.0]"
+    assert lines["launch"] == "50.0 False"
+    assert lines["device"].startswith("neuron (device=auto"), lines["device"]

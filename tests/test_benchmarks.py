@@ -67,6 +67,24 @@ def test_format_table_and_ratios():
     assert "hit rate over the whole run 90%" in notes and "context entry 2.50 s" in notes
 
 
+def test_simulated_rows_report_launches_and_device_time_beside_wall_time():
+    # Note [Honest figures on the emulator] (workloads/neuron_sim.py)
+    def sim(mode, time_s, launches):
+        return _run("neuron-sim", mode, time_s=time_s, extra={
+            "simulated": True, "launch_latency_us": 20.0, "launches_per_iter": launches,
+            "device_ms_per_iter": launches * 20.0 / 1e3, "emulator_host_us_per_op": 61.5})
+
+    rows = T.summarize([sim("eager", 0.006, 61.0), sim("adaptive", 0.002, 2.0)], ["neuron-sim"])
+    notes = T.format_notes(rows)
+    assert "[eager] SIMULATED device: 61.0 launches/iter, device time 1.22 ms/iter" in notes
+    assert "the emulator's own host cost 62 us/op" in notes
+    assert ("[adaptive] SIMULATED device: 2.0 launches/iter, device time 0.04 ms/iter "
+            "(saved vs eager: 59 launches, 1.18 ms device time/iter)") in notes
+    # Results from an emulator without the device-time figures still format.
+    old = [_run("neuron-sim", "eager", time_s=0.006, extra={"simulated": True, "launches_per_iter": 61.0})]
+    assert "61.0 launches/iter" in T.format_notes(T.summarize(old, ["neuron-sim"]))
+
+
 def test_formatters():
     assert T.fmt_time(None) == "-"
     assert T.fmt_time(12e-6) == "12us"

@@ -1,5 +1,7 @@
-"""The capture core and the fusion pipeline on both target devices: cpu and the
-emulated neuron device (PrivateUse1 renamed "neuron", data in CPU memory).
+"""The capture core and the fusion pipeline on every target device: cpu, the emulated
+neuron device (PrivateUse1 renamed "neuron", data in CPU memory) and cuda where a GPU
+is present (the cuda cases are collected everywhere and skipped without one;
+scripts/gpu-check runs them on a GPU machine).
 
 Each test runs a program eagerly and under adaptive eager on the same device and
 compares values, gradients and random streams; structural tests check that neuron
@@ -23,10 +25,11 @@ from adaptive_eager.dispatch import LazyTensor
 
 from test_training import MODELS, OPTIMS, _data, train
 
-DEVICES = ["cpu", "neuron"]
+DEVICES = ["cpu", "neuron", "cuda"]
+_NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
-@pytest.fixture(params=DEVICES)
+@pytest.fixture(params=[pytest.param(d, marks=_NO_CUDA) if d == "cuda" else d for d in DEVICES])
 def device(request):
     if request.param == "neuron":
         neuron_sim.enable()
@@ -126,7 +129,7 @@ def test_views_inplace_and_rng_on_device(device):
 
 
 def test_only_target_device_ops_are_deferred(device):
-    other = "cpu" if device == "neuron" else "meta"
+    other = "meta" if device == "cpu" else "cpu"
     with ae.adaptive_eager(**opts(device)):
         a = torch.ones(3, device=other) * 2          # other device: runs for real
         b = torch.ones(3, device=device) * 2          # target device: deferred
@@ -182,3 +185,58 @@ def test_fused_region_is_one_simulated_launch():
     assert neuron_sim.launch_count() == 1 < eager_launches
     torch.testing.assert_close(got.cpu(), expected.cpu())
     assert ae.stats().ops_fused > 0
+
+
+def test_device_auto_picks_the_accelerator():
+    # Note [device="auto"]: the suite sets ADAPTIVE_EAGER_DEVICE=cpu (conftest); without
+    # it, "auto" is the accelerator torch.accelerator reports -- here the emulated neuron
+    # device, which pytest_configure registered.
+    neuron_sim.enable()
+    options = ae.config.resolve(environ={})
+    assert options.device_auto and options.device == torch.accelerator.current_accelerator().type
+    assert options.device == "neuron"
+    assert not ae.config.resolve(environ={}, device="cpu").device_auto
+    assert options.replace(window_size=8).device_auto
+    x = torch.ones(8, device="neuron")
+    with ae.adaptive_eager(device="auto", backend="eager", adaptive_passthrough=False):
+        y = x * 2
+        assert isinstance(y, LazyTensor)           # neuron ops are deferred
+        z = torch.ones(8) * 2
+        assert not isinstance(z, LazyTensor)       # cpu ops run eagerly
+    assert torch.equal(y.cpu(), z)
+    assert "neuron (device=auto" in ae.report()
+    with ae.adaptive_eager(backend="eager", adaptive_passthrough=False):
+        assert isinstance(torch.ones(8) * 2, LazyTensor)  # the suite's cpu default
+    assert "cpu (set by the device option)" in ae.report()
+
+
+def test_device_auto_is_cpu_without_an_accelerator():
+    # A fresh interpreter without the emulator: "auto" is what it was before, the CPU
+    # (cuda on a GPU machine).
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTIVE_EAGER")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                         env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, "-c", "from adaptive_eager import config; o = config.resolve(); "
+                               "print(o.device, o.device_auto)"],
+        env=env, capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert out == ["cuda" if torch.cuda.is_available() else "cpu", "True"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the whole CUDA leg on a GPU machine")
+def test_gpu_check_without_a_gpu_runs_nothing_and_passes():
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check"
+    assert os.access(script, os.X_OK), f"{script} is not executable"
+    r = subprocess.run([str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no CUDA device here" in r.stdout and "nothing run" in r.stdout
+    assert "pytest" not in r.stdout + r.stderr  # nothing heavy started

@@ -295,18 +295,117 @@ def test_launch_latency_is_paid_per_launch(monkeypatch):
     waits: list[int] = []
     monkeypatch.setattr(_launch, "_busy_wait", waits.append)
     x = torch.ones(4, device=N)
-    ns.enable(launch_latency_us=25)  # idempotent; only sets the latency
+    # Synchronous launches: each busy-waits its latency on the host.
+    ns.enable(launch_latency_us=25, async_launch=False)  # idempotent; sets the launch model
     try:
-        assert ns.launch_latency_us() == 25.0
+        assert ns.launch_latency_us() == 25.0 and not ns.async_launch()
         x = x + 1
         x = x * 2
         with ns.single_launch():
             x = x.exp().neg()
         assert waits == [25_000, 25_000, 25_000]
+        assert ns.queue_depth() == 0
     finally:
         ns.set_launch_latency_us(0)
+        ns.set_async_launch(True)
     with pytest.raises(ValueError):
         ns.set_launch_latency_us(-1)
+
+
+def _enqueue_adds(x: torch.Tensor, n: int) -> tuple[torch.Tensor, float]:
+    import time
+
+    start = time.perf_counter()
+    for _ in range(n):
+        x = x + 1
+    return x, time.perf_counter() - start
+
+
+@device_test
+def test_async_launches_run_ahead_and_synchronize_waits():
+    import time
+
+    import adaptive_eager.neuron_sim as ns
+
+    assert ns.async_launch(), "asynchronous launches are the default"
+    latency_us, n = 1000.0, 200  # 1 ms launches: far above the emulator's own host cost
+    x = torch.zeros(8, device=N)
+    ns.enable(launch_latency_us=latency_us)
+    try:
+        start = time.perf_counter()
+        y, enqueue_s = _enqueue_adds(x, n)
+        depth = ns.queue_depth()
+        torch.neuron.synchronize()
+        total_s = time.perf_counter() - start
+        assert ns.queue_depth() == 0
+    finally:
+        ns.set_launch_latency_us(0)
+    device_s = n * latency_us / 1e6
+    # The host enqueued 200 launches in well under their device time and returned
+    # with launches still queued; synchronize() waited for the rest.
+    assert enqueue_s < 0.5 * device_s, (enqueue_s, device_s)
+    assert depth > 0
+    assert total_s >= device_s, (total_s, device_s)
+    assert torch.equal(y.cpu(), torch.full((8,), float(n)))  # values as eager's
+
+
+@device_test
+def test_host_reads_wait_for_the_device():
+    import time
+
+    import adaptive_eager.neuron_sim as ns
+
+    latency_us, n = 1000.0, 100
+    x = torch.zeros(4, device=N)
+    reads = {
+        "item": lambda t: t.sum().item(),
+        "cpu": lambda t: t.cpu(),
+        "tolist": lambda t: t.tolist(),
+        "print": lambda t: repr(t),
+        "nonzero": lambda t: t.nonzero(),
+        "synchronize": lambda t: torch.neuron.synchronize(),
+    }
+    ns.enable(launch_latency_us=latency_us)
+    try:
+        for name, read in reads.items():
+            torch.neuron.synchronize()
+            start = time.perf_counter()
+            y, _ = _enqueue_adds(x, n)
+            value = read(y)
+            elapsed = time.perf_counter() - start
+            assert ns.queue_depth() == 0, name
+            assert elapsed >= n * latency_us / 1e6, (name, elapsed)
+    finally:
+        ns.set_launch_latency_us(0)
+    assert value is None and torch.equal(y.cpu(), torch.full((4,), float(n)))
+    # A copy to the device does not wait for the device.
+    ns.enable(launch_latency_us=latency_us)
+    try:
+        torch.neuron.synchronize()
+        y, _ = _enqueue_adds(x, 20)
+        _ = torch.ones(4).to(N)
+        assert ns.queue_depth() > 0
+        torch.neuron.synchronize()
+    finally:
+        ns.set_launch_latency_us(0)
+
+
+@device_test
+def test_async_queue_is_bounded():
+    import adaptive_eager.neuron_sim as ns
+    from adaptive_eager.neuron_sim import _launch
+
+    ns.enable(launch_latency_us=50)
+    try:
+        for _ in range(_launch.MAX_QUEUE_DEPTH + 50):
+            _launch.record_launch()
+        assert ns.queue_depth() <= _launch.MAX_QUEUE_DEPTH
+        ns.wait_for_device()
+        assert ns.queue_depth() == 0
+    finally:
+        ns.set_launch_latency_us(0)
+    with pytest.raises(TypeError):
+        ns.set_async_launch("yes")
 
 
 @device_test
@@ -399,6 +498,17 @@ _ENABLE_SCRIPTS: dict[str, str] = {
         assert ns.is_enabled() and torch.neuron.is_available()
         ns.enable(); ns.enable()                             # idempotent
         assert torch.ones(2, device="neuron").device.type == "neuron"
+        assert ns.launch_latency_us() == 0.0 and ns.async_launch()
+        os.environ[ns.LATENCY_ENV_VAR] = "50"
+        os.environ[ns.ASYNC_ENV_VAR] = "0"
+        assert ns.maybe_enable_from_env() is True
+        assert ns.launch_latency_us() == 50.0 and not ns.async_launch()
+        os.environ[ns.LATENCY_ENV_VAR] = "-3"                # logged and ignored
+        os.environ[ns.ASYNC_ENV_VAR] = "1"
+        assert ns.maybe_enable_from_env() is True
+        assert ns.launch_latency_us() == 50.0 and ns.async_launch()
+        from adaptive_eager import config
+        config.env_overrides()  # the emulator's variables are switches, not unknown options
         print("OK")
     """,
     # Both refusals in one process (each torch import costs seconds): first with a

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes and few iterations (tests, smoke)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads / OMP_NUM_THREADS (default 2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu",
+                   help="device the workloads run on: cpu (default) or cuda (scripts/gpu-check); "
+                        "the neuron-sim row always runs on the emulated neuron device")
     p.add_argument("--json", default=str(DEFAULT_JSON), help=f"JSON output path (default {DEFAULT_JSON})")
     p.add_argument("--no-json", action="store_true", help="do not write JSON")
     p.add_argument("--timeout", type=float, default=900.0, help="per-run subprocess timeout in s (default 900)")
@@ -79,7 +82,7 @@ def _run_subprocess(spec: W.Spec, mode: str, a: argparse.Namespace, log) -> Dict
     cmd = [sys.executable, "-m", "adaptive_eager.benchmarks.worker", "--workload", spec.name, "--mode", mode,
            "--out", out, "--threads", str(a.threads), "--seed", str(a.seed), "--settle", str(a.settle),
            "--adaptive-options", a.adaptive_options,
-           "--workload-options", f"launch_latency_us={a.launch_latency_us}"]
+           "--workload-options", f"launch_latency_us={a.launch_latency_us}", "--device", a.device]
     if a.iters is not None:
         cmd += ["--iters", str(a.iters)]
     if a.warmup is not None:

@@ -60,7 +60,8 @@ def summarize(runs: Iterable[Dict[str, Any]], workload_order: Sequence[str] = ()
                          "spread_rel": r.get("spread_rel"), "first_iter_s": r.get("first_iter_s"),
                          "enter_s": r.get("enter_s"), "message": r.get("message")}
             if (r.get("extra") or {}).get("launches_per_iter") is not None:
-                row[mode]["launches_per_iter"] = r["extra"]["launches_per_iter"]
+                for key in ("launches_per_iter", "device_ms_per_iter", "emulator_host_us_per_op"):
+                    row[mode][key] = r["extra"].get(key)
         row["speedup_vs_eager"] = (e["time_s"] / a["time_s"]) if _ok(e) and _ok(a) and a["time_s"] > 0 else None
         row["vs_compile"] = (c["time_s"] / a["time_s"]) if _ok(c) and _ok(a) and a["time_s"] > 0 else None
         row["compile_vs_eager"] = (e["time_s"] / c["time_s"]) if _ok(e) and _ok(c) and c["time_s"] > 0 else None
@@ -148,6 +149,27 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _device_figures(row: Dict[str, Any], mode: str) -> str:
+    """Launches and device time per iteration beside wall time, and what fusion saved
+    against eager (Note [Honest figures on the emulator] in workloads/neuron_sim.py)."""
+    cell = row[mode]
+    text = f"{cell['launches_per_iter']:.1f} launches/iter"
+    device_ms = cell.get("device_ms_per_iter")
+    if device_ms is None:
+        return text
+    text += f", device time {device_ms:.2f} ms/iter"
+    eager = row.get("eager") or {}
+    if mode != "eager" and eager.get("device_ms_per_iter") is not None:
+        saved = eager["launches_per_iter"] - cell["launches_per_iter"]
+        text += (f" (saved vs eager: {saved:.0f} launches, "
+                 f"{eager['device_ms_per_iter'] - device_ms:.2f} ms device time/iter)")
+    overhead = cell.get("emulator_host_us_per_op")
+    if mode == "eager" and overhead is not None:
+        text += (f"; the emulator's own host cost {overhead:.0f} us/op (a Python fallback; "
+                 "part of any wall-time gain here is that overhead saved)")
+    return text
+
+
 def format_notes(rows: Sequence[Dict[str, Any]], runs: Iterable[Dict[str, Any]] = ()) -> str:
     """Messages (unavailable/skipped/errors), simulated launch counts, adaptive details."""
     notes = []
@@ -158,8 +180,7 @@ def format_notes(rows: Sequence[Dict[str, Any]], runs: Iterable[Dict[str, Any]] 
                 msg = str(cell["message"]).strip().splitlines()[0]
                 notes.append(f"  {r['workload']} [{mode}] {cell['status']}: {msg}")
             if cell and cell.get("launches_per_iter") is not None:
-                notes.append(f"  {r['workload']} [{mode}] SIMULATED device: "
-                             f"{cell['launches_per_iter']:.1f} launches/iter")
+                notes.append(f"  {r['workload']} [{mode}] SIMULATED device: " + _device_figures(r, mode))
         t = r.get("adaptive_timed") or {}
         parts = []
         if t.get("ops_captured_per_iter") is not None:

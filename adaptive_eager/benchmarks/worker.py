@@ -79,7 +79,7 @@ SETTLE_QUIET = 5
 def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Optional[int] = None,
             threads: int = 2, seed: int = 0, quick: bool = False,
             adaptive_options: Optional[Dict[str, Any]] = None, settle_s: float = 60.0,
-            workload_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+            workload_options: Optional[Dict[str, Any]] = None, device: str = "cpu") -> Dict[str, Any]:
     from adaptive_eager.benchmarks import workloads as W
     from adaptive_eager.benchmarks.adaptive_api import AdaptiveAPI, Unavailable as ApiUnavailable, derive, diff_stats
 
@@ -107,7 +107,7 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
             res.update(status="unavailable", message=str(e))
             return res
     compile_fn = (lambda fn, **kw: torch.compile(fn, **kw)) if mode == "compile" else (lambda fn, **kw: fn)
-    ctx = W.Context(seed=seed, quick=quick, mode=mode, compile=compile_fn,
+    ctx = W.Context(seed=seed, quick=quick, mode=mode, compile=compile_fn, device=device,
                     options=dict(workload_options or {}))
 
     t0 = time.perf_counter()
@@ -169,7 +169,10 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
             if err:
                 res.setdefault("warnings", []).append(err)
             t_enter = time.perf_counter()
-            ctx = api.context(**{**wl.adaptive_defaults, **(adaptive_options or {})})
+            # The adaptive run defers the device the workload runs on, unless the workload
+            # says otherwise (neuron-sim); named, so device="auto" never picks another.
+            on_device = {"device": device}
+            ctx = api.context(**{**on_device, **wl.adaptive_defaults, **(adaptive_options or {})})
             with ctx:
                 # One-time set-up at the first session (with capture from the first op
                 # it imports torch._dynamo: Note [Import Dynamo before capture]),
@@ -272,12 +275,13 @@ def main(argv=None) -> int:
     p.add_argument("--settle", type=float, default=60.0)
     p.add_argument("--adaptive-options", default="")
     p.add_argument("--workload-options", default="")
+    p.add_argument("--device", default="cpu", help="device the workloads run on (cpu, cuda)")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     try:
         res = run_one(a.workload, a.mode, iters=a.iters, warmup=a.warmup, threads=a.threads,
                       seed=a.seed, quick=a.quick, adaptive_options=_kv(a.adaptive_options),
-                      settle_s=a.settle, workload_options=_kv(a.workload_options))
+                      settle_s=a.settle, workload_options=_kv(a.workload_options), device=a.device)
     except Exception as e:
         res = {"workload": a.workload, "mode": a.mode, "status": "error",
                "message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=20)}

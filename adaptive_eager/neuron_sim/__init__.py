@@ -23,9 +23,15 @@ Example::
 
 Public API:
 
-- ``enable(launch_latency_us=None)``, ``is_enabled()``, ``maybe_enable_from_env()``
+- ``enable(launch_latency_us=None, async_launch=None)``, ``is_enabled()``,
+  ``maybe_enable_from_env()``
 - launch model: ``launch_count()``, ``reset_launch_count()``,
-  ``set_launch_latency_us(us)``, ``launch_latency_us()``, ``single_launch()``
+  ``set_launch_latency_us(us)``, ``launch_latency_us()``, ``single_launch()``;
+  asynchronous launches (the default): ``queue_depth()``, ``wait_for_device()``
+  (what ``torch.neuron.synchronize()`` does), ``set_async_launch(b)``, ``async_launch()``
+- environment (read by ``maybe_enable_from_env``): ``ADAPTIVE_EAGER_NEURON_SIM``,
+  ``ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US`` (µs per launch),
+  ``ADAPTIVE_EAGER_NEURON_SIM_ASYNC`` (1: asynchronous, the default; 0: synchronous)
 - zero-copy data access: ``to_cpu_view(t)``, ``from_cpu(t)``
 - ``DEVICE_TYPE`` (``"neuron"``), ``ENV_VAR`` (``"ADAPTIVE_EAGER_NEURON_SIM"``)
 
@@ -39,13 +45,17 @@ import os
 from typing import TYPE_CHECKING
 
 from ._launch import (
+    async_launch,
     launch_count,
     launch_latency_us,
+    queue_depth,
     reset_launch_count,
+    set_async_launch,
     set_launch_latency_us,
     single_launch,
+    wait_for_device,
 )
-from ._names import DEVICE_TYPE, ENV_VAR
+from ._names import ASYNC_ENV_VAR, DEVICE_TYPE, ENV_VAR, LATENCY_ENV_VAR
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +63,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEVICE_TYPE",
     "ENV_VAR",
+    "LATENCY_ENV_VAR",
+    "ASYNC_ENV_VAR",
     "LIMITATIONS",
     "enable",
     "is_enabled",
@@ -62,6 +74,10 @@ __all__ = [
     "set_launch_latency_us",
     "launch_latency_us",
     "single_launch",
+    "queue_depth",
+    "wait_for_device",
+    "set_async_launch",
+    "async_launch",
     "to_cpu_view",
     "from_cpu",
 ]
@@ -72,8 +88,8 @@ LIMITATIONS = """\
 - torch.Generator(device="neuron") raises NotImplementedError (getNewGenerator is not
   overridable from Python); neuron random ops draw from the CPU default generator.
 - torch.accelerator.synchronize() raises "Backend doesn't support synchronizing all
-  streams on device." (synchronizeDevice is not overridable); torch.neuron.synchronize()
-  is a no-op instead. Streams and events are the C++ guard's no-ops.
+  streams on device." (synchronizeDevice is not overridable); use
+  torch.neuron.synchronize(). Streams and events are the C++ guard's no-ops.
 - storage.resize_() on a neuron storage raises NotImplementedError
   (resizePrivateUse1Bytes); Tensor.resize_ works (it swaps in a larger storage).
 - scaled_dot_product_attention runs the math decomposition (no fused SDPA stub can be
@@ -88,15 +104,18 @@ LIMITATIONS = """\
 _log = logging.getLogger(__name__)
 
 
-def enable(launch_latency_us: float | None = None) -> None:
+def enable(launch_latency_us: float | None = None, async_launch: bool | None = None) -> None:
     """Create the emulated ``neuron`` device in this process (idempotent).
 
     Renames PrivateUse1 to ``neuron``, registers ``torch.neuron``, the hooks, the
-    device guard and the kernels. A later call only updates the latency, if given.
+    device guard and the kernels. A later call only updates the launch model, if given.
 
     Args:
-        launch_latency_us: if not None, every kernel launch busy-waits this many µs
+        launch_latency_us: if not None, every kernel launch takes this many µs
             (see ``set_launch_latency_us``).
+        async_launch: if not None, whether launches are asynchronous (the default:
+            the host runs ahead and waits where it reads device data) or synchronous
+            (each launch busy-waits its latency); see ``set_async_launch``.
 
     Raises:
         RuntimeError: the real ``torch_neuronx`` is importable, or PrivateUse1 was
@@ -112,7 +131,7 @@ def enable(launch_latency_us: float | None = None) -> None:
     """
     from ._enable import enable as _enable_impl
 
-    _enable_impl(launch_latency_us)
+    _enable_impl(launch_latency_us, async_launch)
 
 
 def is_enabled() -> bool:
@@ -134,7 +153,10 @@ def maybe_enable_from_env() -> bool:
 
     Meant for the core's autoload entry point: it returns at once when the variable
     is unset (no heavy imports) and never raises; a refusal or failure is logged and
-    the device stays off. Returns whether the emulator is enabled afterwards.
+    the device stays off. ``ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US`` and
+    ``ADAPTIVE_EAGER_NEURON_SIM_ASYNC`` set the launch model, so an unmodified program
+    can run on a device with launch latency; a bad value is logged and ignored.
+    Returns whether the emulator is enabled afterwards.
 
     Example::
 
@@ -152,7 +174,21 @@ def maybe_enable_from_env() -> bool:
     except Exception:  # noqa: BLE001 - an autoload hook must never break `import torch`
         _log.warning("%s=%s: neuron emulator not enabled", ENV_VAR, value, exc_info=True)
         return False
+    _launch_model_from_env()
     return True
+
+
+def _launch_model_from_env() -> None:
+    from ..config import ConfigError, switch  # noqa: PLC0415 - only when the variables are set
+
+    for variable, apply in ((ASYNC_ENV_VAR, set_async_launch),
+                            (LATENCY_ENV_VAR, set_launch_latency_us)):
+        if os.environ.get(variable, "").strip() == "":
+            continue
+        try:
+            apply(switch(variable))
+        except ConfigError as e:
+            _log.warning("%s=%r ignored: %s", variable, os.environ[variable], e)
 
 
 def to_cpu_view(t: torch.Tensor) -> torch.Tensor:

@@ -106,7 +106,12 @@ class NeuronDeviceModule:
 
     @staticmethod
     def synchronize(device: int | str | torch.device | None = None) -> None:
-        """Kernels run synchronously on the host: nothing to wait for."""
+        """Wait until every launch issued so far has finished (Note [Asynchronous launches])."""
+        check_device_index(torch.device(device).index if isinstance(device, str) else
+                           device.index if isinstance(device, torch.device) else device)
+        from ._launch import wait_for_device
+
+        wait_for_device()
 
     @staticmethod
     def manual_seed(seed: int) -> None:

@@ -15,7 +15,7 @@ import threading
 import torch
 
 from . import _kernels, _storage
-from ._launch import set_launch_latency_us
+from ._launch import set_async_launch, set_launch_latency_us
 from ._names import DEVICE_TYPE, ENV_VAR
 
 __all__ = ["enable", "is_enabled"]
@@ -56,13 +56,15 @@ def _refuse_if_unsafe() -> None:
         )
 
 
-def enable(launch_latency_us: float | None = None) -> None:
+def enable(launch_latency_us: float | None = None, async_launch: bool | None = None) -> None:
     """Implementation of `adaptive_eager.neuron_sim.enable` (documented there)."""
     with _STATE.lock:
         if not _STATE.enabled:
             _refuse_if_unsafe()
             _setup_backend()
             _STATE.enabled = True
+    if async_launch is not None:
+        set_async_launch(async_launch)
     if launch_latency_us is not None:
         set_launch_latency_us(launch_latency_us)
 

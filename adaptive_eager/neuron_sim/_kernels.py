@@ -42,7 +42,7 @@ import torch
 
 from . import _dlpack, _memory
 from ._device import check_device_index
-from ._launch import record_launch
+from ._launch import record_launch, wait_for_device
 from ._names import DEVICE_TYPE
 
 __all__ = ["neuron_fallback", "to_cpu_view", "from_cpu", "DEVICE_TYPE"]
@@ -219,9 +219,12 @@ def _copy_from(
     op: torch._ops.OpOverload, src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False
 ) -> torch.Tensor:
     record_launch()
+    dst_is_neuron = _is_neuron(dst)
     src_cpu = to_cpu_view(src) if _is_neuron(src) else src
-    dst_cpu = to_cpu_view(dst) if _is_neuron(dst) else dst
+    dst_cpu = to_cpu_view(dst) if dst_is_neuron else dst
     dst_cpu.copy_(src_cpu)
+    if not dst_is_neuron:  # the host reads device data: Note [Asynchronous launches]
+        wait_for_device()
     return dst
 
 
@@ -255,6 +258,7 @@ def _to_copy(
     result = op(to_cpu_view(self), device=_CPU, **kwargs)
     if target.type == DEVICE_TYPE:
         return from_cpu(result)
+    wait_for_device()  # the host reads device data: Note [Asynchronous launches]
     return result if target.type == "cpu" else result.to(target)
 
 
@@ -266,6 +270,14 @@ def _compute(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     _check_same_device(op, args, kwargs)
     record_launch()
     return _call_on_cpu(op, args, kwargs)
+
+
+def _compute_then_wait(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    # The host needs the result (`.item()`) or its size (`nonzero`): it waits for the
+    # device, as CUDA does (Note [Asynchronous launches]).
+    result = _compute(op, *args, **kwargs)
+    wait_for_device()
+    return result
 
 
 def _compute_mixed_devices_ok(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
@@ -292,6 +304,13 @@ _MIXED_DEVICES_OK = frozenset(
     {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
 )
 
+# Ops after which the host waits for the device: a value read on the host, or an
+# output whose size depends on the data.
+_HOST_WAITS = frozenset({
+    "aten::_local_scalar_dense", "aten::equal", "aten::nonzero", "aten::masked_select",
+    "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+})
+
 # Cache: op -> kernel, filled on first use by `_route` (a pure function of the op).
 _ROUTES: dict[torch._ops.OpOverload, Callable[..., Any]] = {}
 
@@ -307,6 +326,8 @@ def _route(op: torch._ops.OpOverload) -> Callable[..., Any]:
         return _redispatch_to_cpu_kernel  # a view: Note [Views run the CPU kernel on neuron tensors]
     if schema.name in _MIXED_DEVICES_OK:
         return _compute_mixed_devices_ok
+    if schema.name in _HOST_WAITS:
+        return _compute_then_wait
     return _compute
 
 

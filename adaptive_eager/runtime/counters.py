@@ -104,6 +104,7 @@ class Counters:
     # "Class|what" -> count: signatures, compiles, compiled steps, "eager: <why>" per class
     optimizer_step_kinds: Counter = field(default_factory=Counter)
     handles_released: int = 0     # bound handles turned into plain tensors (mode.release_handles)
+    device: str = ""              # the device deferred, and how it was chosen (Note [device="auto"])
     warmup_ended: str = ""        # why and where capture started (Note [The first iteration runs eagerly])
     # Where the time went (Note [What the time breakdown measures]): wall ns, summed over
     # flushed windows; one perf_counter_ns pair per flush and per region, none per op.
