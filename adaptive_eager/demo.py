@@ -191,7 +191,7 @@ def _compiles_done() -> bool:
     from . import session  # noqa: PLC0415
 
     c = session.counters()
-    return c.compiles_in_flight == 0 and c.regions_compiled > 0
+    return c.compiles_in_flight == 0 and (c.regions_compiled > 0 or c.regions_from_disk > 0)
 
 
 def train(job: Job, steps: int, context: Callable[[], ContextManager], label: str,

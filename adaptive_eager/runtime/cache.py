@@ -39,6 +39,9 @@ class RegionEntry:
     eager_ns: list[int] = field(default_factory=list)
     compiled_ns: list[int] = field(default_factory=list)
     scalars: dict = field(default_factory=dict)  # slot -> (value, 0-dim tensor)
+    disk_key: str | None = None      # its key in the disk cache (runtime/region_store.py)
+    disk_tried: bool = False         # the disk cache was asked for it
+    from_disk: bool = False          # its artifact was loaded from the disk cache
 
 
 class _LRU(cachetools.LRUCache):

@@ -153,15 +153,15 @@ class _Worker:
                 self._kill()
                 raise WorkerUnavailable(f"compile worker died: {type(e).__name__}: {e}") from e
         if status == "ok":
-            from torch._inductor import CompiledArtifact  # noqa: PLC0415 - heavy, lazy
-
             try:
-                return CompiledArtifact.load(path=path, format="binary")
+                with open(path, "rb") as f:
+                    data = f.read()
             finally:
                 try:
                     os.unlink(path)
                 except OSError:
                     pass
+            return load_artifact(data)
         if status == "compile_error":
             raise CompileError(detail)
         raise WorkerUnavailable(detail)
@@ -221,6 +221,27 @@ def compile_in_worker(gm: fx.GraphModule, example_inputs: list) -> Callable[...,
     in-process instead) and :class:`CompileError` when Inductor fails on the graph.
     """
     return _WORKER.compile(gm, example_inputs)
+
+
+def load_artifact(data: bytes) -> Callable[..., Any]:
+    """A saved ``standalone_compile`` artifact (binary format) loaded in this process; it
+    carries ``data`` as ``backends.ARTIFACT_BYTES``, for the disk cache."""
+    from torch._inductor import CompiledArtifact  # noqa: PLC0415 - heavy, lazy
+
+    from .backends import ARTIFACT_BYTES  # noqa: PLC0415 - backends imports this module
+
+    fd, path = tempfile.mkstemp(prefix="adaptive_eager-artifact-", suffix=".bin")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        art = CompiledArtifact.load(path=path, format="binary")
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    setattr(art, ARTIFACT_BYTES, data)
+    return art
 
 
 def _serve() -> None:  # pragma: no cover - runs in the worker process

@@ -59,6 +59,7 @@ from .backends import backend_support, for_device, get_backend, is_debugging
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
 from .checks import aliases_any, clone_strided, indices_in_range, inputs_intact, outputs_match
 from .compiler import CompileService
+from .region_store import open_store
 from .counters import Counters
 from .executor import FlushResult, Known, Verdict, replay_guard, run_nodes
 from .replay import EagerReplay
@@ -133,7 +134,8 @@ class CompiledExecutor:
         self.cost = cost or DefaultCost(min_work=options.min_region_work)
         self.cache = RegionCache(options.cache_size, counters)
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
-                                       options.async_compile, options.compile_timeout_s, fuel)
+                                       options.async_compile, options.compile_timeout_s, fuel,
+                                       open_store(options))
         self.demote = not is_debugging(options.backend)
         # Note [One history per window key] (runtime/windows.py): plan, first sighting and
         # measured times of a window key live in one entry, evicted together.
@@ -301,12 +303,15 @@ class CompiledExecutor:
             self.compiler.check_timeout(entry)
         else:
             entry.seen += 1
-            if entry.seen >= self.options.compile_after and self.compiler.take_fuel():
+            # Note [Regions compiled by an earlier process] (runtime/compiler.py)
+            started = self.compiler.from_disk(entry)
+            if not started and entry.seen >= self.options.compile_after and self.compiler.take_fuel():
                 self.compiler.submit(entry, lambda: self._lower(window, region))
-                if entry.state == COMPILED:
-                    self._call_compiled(window, step, entry, env, floats)
-                    window.progress.done.extend(region.nodes)
-                    return True
+                started = True
+            if started and entry.state == COMPILED:  # a synchronous compile or load
+                self._call_compiled(window, step, entry, env, floats)
+                window.progress.done.extend(region.nodes)
+                return True
         t0 = time.perf_counter_ns()
         self._run_eager(window, region, env, step, floats)
         if len(entry.eager_ns) < _TIMED_CALLS:
