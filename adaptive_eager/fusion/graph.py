@@ -23,10 +23,19 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-import networkx as nx
 import torch
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+# Note [networkx is imported at the first partition]
+# ``import networkx`` costs ~180 ms CPU here (it imports every algorithm it has), and every
+# process run with ADAPTIVE_EAGER=1 imports this module at enable(), long before (and
+# often without) a window being partitioned. So build_dag imports it. Measured with
+# interleaved runs of a 20-op script (python -m benchmarks.fixed_cost) (median CPU over plain python, 7 pairs,
+# load average 6.7): +318 ms before, +136 ms after.
 
 from .ir import Window
 
@@ -69,6 +78,8 @@ def build_dag(window: Window, groups: Mapping[int, int]) -> nx.DiGraph:
 
     ``groups`` comes from :func:`storage_groups` (or an equivalent, structural map).
     """
+    import networkx as nx  # noqa: PLC0415 - Note [networkx is imported at the first partition]
+
     roots = StorageRoots(window.alias_root, groups)
     g = nx.DiGraph()
     g.add_nodes_from(range(len(window.nodes)))
