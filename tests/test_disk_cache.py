@@ -201,3 +201,17 @@ def test_keys_tell_apart_what_shapes_an_artifact():
     assert stable_text([1]) != stable_text((1,))
     # something without a stable spelling: not cached on disk rather than keyed wrongly
     assert store.key(Key((object(),)), 1) is None
+
+
+def test_vector_isa_verdict_is_recorded_only_when_every_isa_passed(tmp_path):
+    # Note [The vector ISA probe is remembered]: a later store (process) reads the record
+    def store():
+        return RegionStore(DiskCache(str(tmp_path / "c")), "inductor", "cpu", None)
+
+    s = store()
+    assert not s.isa_ok()
+    s.note_isa(None)   # told, not probed: nothing learned
+    s.note_isa(False)  # some ISA failed its probe: keep probing
+    assert not store().isa_ok()
+    s.note_isa(True)
+    assert s.isa_ok() and store().isa_ok()

@@ -41,6 +41,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
@@ -49,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Iterator
 
 import torch
 from torch import fx
@@ -61,6 +62,44 @@ log = logging.getLogger("adaptive_eager")
 # (CompileService.submit sets it). Inductor bakes the count into its CPU kernels, so a
 # worker compiling with its own (1) made every compiled region single-threaded.
 THREADS_META = "adaptive_eager_num_threads"
+
+
+# gm.meta key: whether an earlier process found every vector ISA the CPU's flags allow
+# usable (Note [The vector ISA probe is remembered], runtime/region_store.py).
+ISA_META = "adaptive_eager_vec_isa_ok"
+# The attribute a compiled artifact carries the worker's probe verdict in (isa_probed()).
+ISA_PROBED = "adaptive_eager_isa_probed"
+_ISA_ENV = "TORCHINDUCTOR_VEC_ISA_OK"
+
+
+def isa_probed() -> bool | None:
+    """Whether this process probed (compiled and loaded a test library for) every vector
+    ISA the CPU's flags allow, and each passed; None when it did not probe (told, or not
+    x86). Cheap once Inductor has picked an ISA (its lists are cached)."""
+    import platform  # noqa: PLC0415
+
+    from torch._inductor import config as inductor_config  # noqa: PLC0415 - loaded by now
+    from torch._inductor import cpu_vec_isa  # noqa: PLC0415
+
+    if inductor_config.cpp.vec_isa_ok is not None or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    flags = cpu_vec_isa.x86_isa_checker()
+    allowed = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list
+               if all(flag in flags for flag in str(isa).split())]
+    return bool(allowed) and [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()] == allowed
+
+
+@contextlib.contextmanager
+def trusted_vec_isa(ok: bool) -> Iterator[None]:
+    """Inductor told that every vector ISA the CPU allows works (``ok``), so it does not
+    probe them again; a ``TORCHINDUCTOR_VEC_ISA_OK`` set by the user wins."""
+    if not ok or _ISA_ENV in os.environ:
+        yield
+        return
+    from torch._inductor import config as inductor_config  # noqa: PLC0415 - heavy, lazy
+
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        yield
 
 
 class WorkerUnavailable(RuntimeError):
@@ -132,8 +171,9 @@ class _Worker:
 
     def compile(self, gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         threads = gm.meta.get(THREADS_META) or torch.get_num_threads()
+        isa_ok = bool(gm.meta.get(ISA_META))
         try:
-            payload = pickle.dumps((gm, [_describe(x) for x in example_inputs], threads))
+            payload = pickle.dumps((gm, [_describe(x) for x in example_inputs], threads, isa_ok))
         except WorkerUnavailable:
             raise
         except Exception as e:  # noqa: BLE001 - unpicklable graph: compile in-process
@@ -161,7 +201,12 @@ class _Worker:
                     os.unlink(path)
                 except OSError:
                     pass
-            return load_artifact(data)
+            # The worker was told the ISA probe passes, or just saw it pass: this process
+            # need not probe again (Note [The vector ISA probe is remembered]).
+            with trusted_vec_isa(isa_ok or detail is True):
+                art = load_artifact(data)
+            setattr(art, ISA_PROBED, detail)
+            return art
         if status == "compile_error":
             raise CompileError(detail)
         raise WorkerUnavailable(detail)
@@ -257,7 +302,7 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
         except EOFError:
             return
         try:
-            gm, described, threads = pickle.loads(payload)
+            gm, described, threads, isa_ok = pickle.loads(payload)
             example = [_rebuild(d) for d in described]
             # Inductor writes the thread count into its CPU kernels (parallel_num_threads):
             # compile for the program's, not this process's.
@@ -266,10 +311,11 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
             _send(out, ("unavailable", f"worker cannot load the graph: {type(e).__name__}: {e}"))
             continue
         try:
-            with torch.no_grad():
+            with torch.no_grad(), trusted_vec_isa(isa_ok):
                 art = standalone_compile(gm, example, dynamic_shapes="from_example_inputs")
             art.save(path=path, format="binary")
-            _send(out, ("ok", None))
+            # told: Inductor's ISA lists now hold what it was told, not what a probe found
+            _send(out, ("ok", None if isa_ok else isa_probed()))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
             _send(out, ("compile_error", f"{type(e).__name__}: {e}"[:2000]))
 

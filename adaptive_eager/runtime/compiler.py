@@ -35,7 +35,7 @@ import torch
 from .._logging import artifact_logger
 from .windows import transition
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
-from .compile_worker import THREADS_META, Exiting
+from .compile_worker import ISA_META, ISA_PROBED, THREADS_META, Exiting
 from .counters import Counters
 from .region_store import RegionStore
 from ..reasons import R
@@ -209,8 +209,11 @@ class CompileService:
         meta = getattr(gm, "meta", None)
         if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels
             meta[THREADS_META] = threads
-        if self.store is not None and entry.disk_key is None:
-            entry.disk_key = self.store.key(entry.key, threads)
+        if self.store is not None:
+            if entry.disk_key is None:
+                entry.disk_key = self.store.key(entry.key, threads)
+            if isinstance(meta, dict):  # Note [The vector ISA probe is remembered]
+                meta[ISA_META] = self.store.isa_ok()
         if not transition(entry, COMPILING):  # Note [A region's states] (runtime/windows.py)
             return
         with self.counters.lock:
@@ -257,8 +260,10 @@ class CompileService:
                 raise err
             return
         transition(entry, COMPILED, fn=fn)
-        if self.store is not None and entry.disk_key is not None:
-            self.store.save(entry.disk_key, fn)
+        if self.store is not None:
+            self.store.note_isa(getattr(fn, ISA_PROBED, None))
+            if entry.disk_key is not None:
+                self.store.save(entry.disk_key, fn)
         latency = time.monotonic() - entry.submitted_at  # queued -> ready
         clog.debug("compile finished: region %s in %.2f s (%.2f s after it was queued)",
                    _short(entry.key), dt, latency)

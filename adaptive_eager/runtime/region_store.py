@@ -130,6 +130,18 @@ def environment() -> str:
     return "\n".join(parts)
 
 
+# Note [The vector ISA probe is remembered]
+# Before its first CPU kernel in a process, Inductor probes each vector ISA the CPU's flags
+# allow: it compiles a test library per ISA (once per machine: 9.7 s cold on this 2-core
+# machine) and loads each in a fresh Python subprocess (every process: 15 subprocesses,
+# 1.4-3.4 s, measured in CompiledArtifact.load). When a process saw every allowed ISA pass,
+# it records so in the disk cache (keyed by environment(): CPU flags, torch, compiler), and
+# later processes, the compile worker and the loads here, tell Inductor so
+# (``cpp.vec_isa_ok``), which then picks the same ISA without probing. A user's own
+# TORCHINDUCTOR_VEC_ISA_OK wins. A CPU where some ISA failed its probe keeps probing.
+_ISA_RECORD = b"all allowed vector ISAs passed their probe"
+
+
 class RegionStore:
     """Compiled regions of one backend and device in a :class:`DiskCache`.
 
@@ -142,6 +154,7 @@ class RegionStore:
         self.backend = backend
         self.device = device
         self.codec = codec
+        self._isa_ok: bool | None = None  # the record, read once
 
     @property
     def usable(self) -> bool:
@@ -165,7 +178,31 @@ class RegionStore:
     def load(self, data: bytes) -> Callable[..., Any]:
         """The callable saved as ``data`` (raises when it cannot be loaded)."""
         assert self.codec is not None
-        return self.codec.load(data)
+        if self.backend != "inductor":
+            return self.codec.load(data)
+        from .compile_worker import isa_probed, trusted_vec_isa  # noqa: PLC0415
+
+        told = self.isa_ok()
+        with trusted_vec_isa(told):
+            fn = self.codec.load(data)
+        if not told:
+            self.note_isa(isa_probed())
+        return fn
+
+    def _isa_key(self) -> str:
+        return "vec-isa " + hashlib.sha256(environment().encode("utf-8")).hexdigest()
+
+    def isa_ok(self) -> bool:
+        """Whether an earlier process saw every allowed vector ISA pass its probe (Note
+        [The vector ISA probe is remembered])."""
+        if self._isa_ok is None:
+            self._isa_ok = self.cache.get(self._isa_key()) == _ISA_RECORD
+        return self._isa_ok
+
+    def note_isa(self, probed: bool | None) -> None:
+        """Record a probe's verdict (``compile_worker.isa_probed``) when every ISA passed."""
+        if probed is True and not self.isa_ok():
+            self._isa_ok = self.cache.put(self._isa_key(), _ISA_RECORD)
 
     def save(self, key: str, fn: Any) -> bool:
         """Store ``fn``'s artifact under ``key``; False when it has no bytes to save."""
