@@ -35,7 +35,10 @@ if TYPE_CHECKING:
 # process run with ADAPTIVE_EAGER=1 imports this module at enable(), long before (and
 # often without) a window being partitioned. So build_dag imports it. Measured with
 # interleaved runs of a 20-op script (python -m benchmarks.fixed_cost) (median CPU over plain python, 7 pairs,
-# load average 6.7): +318 ms before, +136 ms after.
+# load average 6.7): +318 ms before, +136 ms after. It is imported with Dynamo where
+# capture is decided (dispatch/parking.py, Note [Import Dynamo before capture]): imported
+# inside the first planned window, it made that window look too dear to compile (~300 ms
+# under load) and test_compiles_in_flight_pass_ops_through_then_capture_resumes failed.
 
 from .ir import Window
 
@@ -71,6 +74,12 @@ class StorageRoots:
     def root(self, vid: int) -> int:
         r = self.alias_root.get(vid, vid)
         return self.groups.get(r, r)
+
+
+def import_networkx() -> None:
+    """Import networkx now, where capture is decided, so that no measured window pays for
+    it (Note [networkx is imported at the first partition])."""
+    import networkx  # noqa: F401, PLC0415
 
 
 def build_dag(window: Window, groups: Mapping[int, int]) -> nx.DiGraph:

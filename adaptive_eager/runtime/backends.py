@@ -35,6 +35,7 @@ import torch
 import torch.fx as fx
 
 from ..config import BUILTIN_BACKENDS
+from .compile_worker import ARTIFACT_BYTES
 from ..fusion.policy import OpSupport
 
 log = logging.getLogger("adaptive_eager")
@@ -44,11 +45,6 @@ CompileFn = Callable[[fx.GraphModule, list], Callable[..., Any]]
 
 class BackendUnavailable(RuntimeError):
     """The backend cannot run in this process (e.g. torch_neuronx missing)."""
-
-
-# The attribute a compiled artifact carries its saved bytes in, for the disk cache
-# (runtime/region_store.py): set by the compile function that produced them.
-ARTIFACT_BYTES = "adaptive_eager_artifact_bytes"
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,10 @@ log = logging.getLogger("adaptive_eager")
 THREADS_META = "adaptive_eager_num_threads"
 
 
+# The attribute a compiled artifact carries its saved bytes in, for the disk cache
+# (runtime/region_store.py): set by the compile function that produced them.
+ARTIFACT_BYTES = "adaptive_eager_artifact_bytes"
+
 # gm.meta key: whether an earlier process found every vector ISA the CPU's flags allow
 # usable (Note [The vector ISA probe is remembered], runtime/region_store.py).
 ISA_META = "adaptive_eager_vec_isa_ok"
@@ -272,8 +276,6 @@ def load_artifact(data: bytes) -> Callable[..., Any]:
     """A saved ``standalone_compile`` artifact (binary format) loaded in this process; it
     carries ``data`` as ``backends.ARTIFACT_BYTES``, for the disk cache."""
     from torch._inductor import CompiledArtifact  # noqa: PLC0415 - heavy, lazy
-
-    from .backends import ARTIFACT_BYTES  # noqa: PLC0415 - backends imports this module
 
     fd, path = tempfile.mkstemp(prefix="adaptive_eager-artifact-", suffix=".bin")  # mode 0600
     try:
