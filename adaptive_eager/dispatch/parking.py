@@ -161,18 +161,14 @@ def block_left(mode: Any) -> None:
 # steps, 0.1 s eagerly, 1.4-1.8 s under the runtime in a fresh process, nothing
 # captured: the "20x" of issue 16).
 def import_dynamo() -> None:
-    """Import torch._dynamo now (Note [Import Dynamo before capture]), and networkx, which
-    the partitioner uses (Note [networkx is imported at the first partition],
-    fusion/graph.py); idempotent."""
-    if "torch._dynamo" in sys.modules and "networkx" in sys.modules:
+    """Import torch._dynamo now (Note [Import Dynamo before capture]); idempotent."""
+    if "torch._dynamo" in sys.modules:
         return
     from . import interrupts  # noqa: PLC0415 - a leaf module
-    from ..fusion.graph import import_networkx  # noqa: PLC0415
 
     try:
         with interrupts.critical():  # not half-imported by a Ctrl-C (Note [Interrupts wait for the flush])
             import torch._dynamo  # noqa: F401, PLC0415
-            import_networkx()
     except Exception:  # noqa: BLE001 - an optional speed-up; the first op imports it anyway
         _PARK_LOG.debug("adaptive_eager: importing torch._dynamo failed", exc_info=True)
 

@@ -23,22 +23,10 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
+import networkx as nx
 import torch
-
-if TYPE_CHECKING:
-    import networkx as nx
-
-# Note [networkx is imported at the first partition]
-# ``import networkx`` costs ~180 ms CPU here (it imports every algorithm it has), and every
-# process run with ADAPTIVE_EAGER=1 imports this module at enable(), long before (and
-# often without) a window being partitioned. So build_dag imports it. Measured with
-# interleaved runs of a 20-op script (python -m benchmarks.fixed_cost) (median CPU over plain python, 7 pairs,
-# load average 6.7): +318 ms before, +136 ms after. It is imported with Dynamo where
-# capture is decided (dispatch/parking.py, Note [Import Dynamo before capture]): imported
-# inside the first planned window, it made that window look too dear to compile (~300 ms
-# under load) and test_compiles_in_flight_pass_ops_through_then_capture_resumes failed.
 
 from .ir import Window
 
@@ -76,19 +64,11 @@ class StorageRoots:
         return self.groups.get(r, r)
 
 
-def import_networkx() -> None:
-    """Import networkx now, where capture is decided, so that no measured window pays for
-    it (Note [networkx is imported at the first partition])."""
-    import networkx  # noqa: F401, PLC0415
-
-
 def build_dag(window: Window, groups: Mapping[int, int]) -> nx.DiGraph:
     """The dependency DAG of ``window`` (see module docstring).
 
     ``groups`` comes from :func:`storage_groups` (or an equivalent, structural map).
     """
-    import networkx as nx  # noqa: PLC0415 - Note [networkx is imported at the first partition]
-
     roots = StorageRoots(window.alias_root, groups)
     g = nx.DiGraph()
     g.add_nodes_from(range(len(window.nodes)))
