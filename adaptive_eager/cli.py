@@ -8,6 +8,7 @@ Commands::
     adaptive-eager explain SCRIPT [ARGS...]    run it, then list sync sites and fallbacks with fixes
     adaptive-eager bench [BENCH ARGS...]       the benchmark suite (adaptive_eager.benchmarks)
     adaptive-eager options                     the options table (names, env vars, defaults)
+    adaptive-eager cache [info|clear]          the compiled-region cache on disk: show or empty it
 
 ``run`` and ``explain`` accept runtime options before the script:
 ``--backend eager``, ``--device cpu`` or any option as ``-o name=value``.
@@ -108,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run the benchmark suite (arguments go to it; try --help)",
                            add_help=False)
     bench.add_argument("args", nargs=argparse.REMAINDER)
+
+    cache = sub.add_parser("cache", help="the compiled-region cache kept across processes: "
+                                         "where it is and what it holds (info), or empty it (clear)")
+    cache.add_argument("action", nargs="?", default="info", choices=("info", "clear"))
+    cache.add_argument("-o", "--option", action="append", metavar="NAME=VALUE",
+                       help="cache options, e.g. -o cache_dir=PATH (default: ADAPTIVE_EAGER_CACHE_DIR)")
 
     opts = sub.add_parser("options", help="print the runtime options: names, env variables, defaults")
     opts.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
@@ -236,8 +243,39 @@ def cmd_options(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from .config import resolve
+    from .runtime.disk_cache import DiskCache, resolve_dir
+
+    options = resolve(**_options_from(args))
+    path = resolve_dir(options.cache_dir)
+    if path is None:
+        print(f"the compiled-region cache is off (cache_dir={options.cache_dir!r})")
+        return 0
+    cache = DiskCache(path, options.cache_max_mb << 20)
+    if args.action == "clear":
+        if not os.path.isdir(path):
+            print(f"{path}: no cache there, nothing to clear")
+            return 0
+        n = cache.clear()
+        info = cache.info()
+        print(f"{path}: {n} entries deleted" if info.usable else f"{path}: not cleared: {info.problem}")
+        return 0 if info.usable else 1
+    if not os.path.isdir(path):
+        print(f"{path}: empty (created when a region is first compiled), bound "
+              f"{options.cache_max_mb} MB")
+        return 0
+    info = cache.info()
+    if not info.usable:
+        print(f"{path}: not used: {info.problem}")
+        return 1
+    print(f"{path}: {info.entries} entries, {info.bytes / 2**20:.1f} MB of {info.max_bytes / 2**20:.0f} MB "
+          "(least recently used entries are deleted beyond it)")
+    return 0
+
+
 COMMANDS = {"demo": cmd_demo, "run": cmd_run, "explain": cmd_explain, "bench": cmd_bench,
-            "options": cmd_options}
+            "options": cmd_options, "cache": cmd_cache}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -270,6 +270,13 @@ _SPECS: dict[str, _Spec] = {
     "compile_after": _Spec(2, _int_parser(1), "times a region is seen before it is compiled"),
     "async_compile": _Spec(True, _parse_bool, "compile in a background thread (never stall the program)"),
     "cache_size": _Spec(512, _int_parser(1), "compiled regions kept (LRU)"),
+    "cache_dir": _Spec(
+        "auto", _parse_str,
+        "folder of the compiled-region cache kept across processes: auto ($XDG_CACHE_HOME/"
+        "adaptive_eager or ~/.cache/adaptive_eager), a path, or '' / off (no disk cache)",
+    ),
+    "cache_max_mb": _Spec(1024, _int_parser(1), "size bound of that folder (least recently used "
+                          "entries deleted)"),
     "meta_cache_size": _Spec(8192, _int_parser(16), "memoized output-metadata entries (LRU)"),
     "min_region_work": _Spec(
         4096, _int_parser(0), "regions that touch fewer elements than this run eagerly"
@@ -328,6 +335,8 @@ class Options:
     compile_after: int = _SPECS["compile_after"].default
     async_compile: bool = _SPECS["async_compile"].default
     cache_size: int = _SPECS["cache_size"].default
+    cache_dir: str = _SPECS["cache_dir"].default
+    cache_max_mb: int = _SPECS["cache_max_mb"].default
     meta_cache_size: int = _SPECS["meta_cache_size"].default
     min_region_work: int = _SPECS["min_region_work"].default
     compile_timeout_s: float = _SPECS["compile_timeout_s"].default

@@ -191,7 +191,7 @@ def _compiles_done() -> bool:
     from . import session  # noqa: PLC0415
 
     c = session.counters()
-    return c.compiles_in_flight == 0 and c.regions_compiled > 0
+    return c.compiles_in_flight == 0 and (c.regions_compiled > 0 or c.regions_from_disk > 0)
 
 
 def train(job: Job, steps: int, context: Callable[[], ContextManager], label: str,
@@ -316,7 +316,9 @@ def summarize(result: DemoResult) -> str:
     lines += ["", agreement_line(result)]
     fused = "-" if s.fused_share is None else f"{100 * s.fused_share:.0f}%"
     lines.append(f"fused            {fused} of the ops run at flushes; regions "
-                 f"compiled {s.regions_compiled}, compiled calls {s.compiled_calls:,}, "
+                 f"compiled {s.regions_compiled}"
+                 + (f" (+{s.regions_from_disk} from the disk cache)" if s.regions_from_disk else "")
+                 + f", compiled calls {s.compiled_calls:,}, "
                  f"compiles in flight at the end {s.compiles_in_flight}")
     cores = os.cpu_count() or 0
     lines.append(f"machine          {result.threads} torch thread{'s' if result.threads > 1 else ''}, "

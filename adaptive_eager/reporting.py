@@ -215,7 +215,7 @@ def time_verdict(s: Stats) -> str:
                      if s.regions_compiled else "")
             return (f"no compiled region ran: {_plural(s.compiles_in_flight, 'compile')} still in flight "
                     f"at the end, their windows ran eagerly{ready}")
-        if not s.regions_compiled:
+        if not s.regions_compiled and not s.regions_from_disk:
             if s.compile_failures:
                 return "no compiled region ran: every compile failed (see the fallbacks below)"
             return ("no region was compiled: no window recurred with a fusible region worth "
@@ -358,6 +358,9 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
     ]
     if s.device:
         rows.insert(0, ("device", s.device))
+    if s.regions_from_disk:
+        rows.insert(4, ("regions from disk", f"{_fmt_num(s.regions_from_disk)}  (loaded from the "
+                        f"compiled-region cache in {s.disk_load_time_s:.2f} s, not compiled)"))
     if s.fast_ops or s.trace_mismatches:
         # Note [Recurring windows are matched, not recorded] (dispatch/trace.py)
         share = _pct(s.fast_ops / s.ops_captured) if s.ops_captured else "-"

@@ -19,6 +19,14 @@ os.environ["ADAPTIVE_EAGER_DEVICE"] = "cpu"
 
 
 @pytest.fixture(autouse=True)
+def _private_region_cache(tmp_path_factory, monkeypatch):
+    """Each test gets an empty compiled-region cache folder of its own (and its
+    subprocesses inherit it), never the user's: a region one test compiled must not be
+    loaded by another, and the suite must not fill ~/.cache. A test may set its own."""
+    monkeypatch.setenv("ADAPTIVE_EAGER_CACHE_DIR", str(tmp_path_factory.mktemp("ae-cache")))
+
+
+@pytest.fixture(autouse=True)
 def _fresh_state():
     from adaptive_eager import session
 

@@ -236,3 +236,24 @@ def test_pip_install_then_bench_works_from_anywhere(tmp_path):
     assert (work / "adaptive-eager-bench.json").is_file()  # results land where it was run
     r = sh(str(venv / "bin" / "adaptive-eager"), "--version", cwd=work)
     assert r.stdout.startswith("adaptive-eager ")
+
+
+def test_cache_info_and_clear(tmp_path, monkeypatch, capsys):
+    from adaptive_eager.runtime.disk_cache import DiskCache
+
+    folder = tmp_path / "regions"
+    monkeypatch.setenv("ADAPTIVE_EAGER_CACHE_DIR", str(folder))
+    assert cli.main(["cache"]) == 0
+    assert "empty" in capsys.readouterr().out and not folder.exists()
+    DiskCache(str(folder)).put("a", bytes(3000))
+    DiskCache(str(folder)).put("b", bytes(3000))
+    assert cli.main(["cache", "info"]) == 0
+    assert f"{folder}: 2 entries" in capsys.readouterr().out
+    assert cli.main(["cache", "clear"]) == 0
+    assert "2 entries deleted" in capsys.readouterr().out
+    assert DiskCache(str(folder)).info().entries == 0
+    assert cli.main(["cache", "-o", "cache_dir=off"]) == 0
+    assert "off" in capsys.readouterr().out
+    os.chmod(folder, 0o777)
+    assert cli.main(["cache", "-o", f"cache_dir={folder}"]) == 1
+    assert "writable by other users" in capsys.readouterr().out

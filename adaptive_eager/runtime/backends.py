@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
 from ..config import BUILTIN_BACKENDS
+from .compile_worker import ARTIFACT_BYTES
 from ..fusion.policy import OpSupport
 
 log = logging.getLogger("adaptive_eager")
@@ -43,6 +45,29 @@ CompileFn = Callable[[fx.GraphModule, list], Callable[..., Any]]
 
 class BackendUnavailable(RuntimeError):
     """The backend cannot run in this process (e.g. torch_neuronx missing)."""
+
+
+@dataclass(frozen=True)
+class ArtifactCodec:
+    """How a backend's compiled artifacts go to disk and come back (the disk cache).
+
+    ``dump(fn)``: the bytes of ``fn`` (None: this one cannot be saved); ``load(data)``: a
+    callable equal to the one dumped. A backend without a codec is never cached on disk.
+    """
+
+    dump: Callable[[Any], bytes | None]
+    load: Callable[[bytes], Callable[..., Any]]
+
+
+def _dump_attached(fn: Any) -> bytes | None:
+    data = getattr(fn, ARTIFACT_BYTES, None)
+    return data if isinstance(data, bytes) else None
+
+
+def _load_inductor(data: bytes) -> Callable[..., Any]:
+    from .compile_worker import load_artifact  # noqa: PLC0415 - imports Inductor
+
+    return load_artifact(data)
 
 
 def _inductor(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
@@ -73,6 +98,12 @@ def _aot_eager(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
 
 def _eager(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
     return gm
+
+
+# Inductor artifacts made by the worker are saved (standalone_compile's binary format);
+# those compiled in-process (the worker unavailable) carry no bytes and are not cached.
+# aot_eager and eager make Python callables over live graphs: nothing to save.
+_CODECS: dict[str, ArtifactCodec] = {"inductor": ArtifactCodec(_dump_attached, _load_inductor)}
 
 
 def _neuron(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
@@ -127,10 +158,6 @@ def for_device(compile_fn: CompileFn, device_type: str) -> CompileFn:
     """``compile_fn`` adapted to the device the window runs on (see the Note above)."""
     if compile_fn is _neuron or not _cpu_data_device(device_type):
         return compile_fn
-    from .. import neuron_sim
-
-    def to_cpu(t: Any) -> Any:
-        return neuron_sim.to_cpu_view(t) if isinstance(t, torch.Tensor) and t.device.type == "neuron" else t
 
     def compile_on_cpu(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         for node in gm.graph.nodes:
@@ -138,25 +165,59 @@ def for_device(compile_fn: CompileFn, device_type: str) -> CompileFn:
             if dev is not None and torch.device(dev).type == "neuron":
                 node.kwargs = {**node.kwargs, "device": torch.device("cpu")}
         gm.recompile()
-        compiled = compile_fn(gm, [to_cpu(t) for t in example_inputs])
-
-        def call(*args: Any) -> Any:
-            with neuron_sim.single_launch():
-                outs = compiled(*[to_cpu(a) for a in args])
-            return [neuron_sim.from_cpu(o) if isinstance(o, torch.Tensor) else o for o in outs]
-
-        return call
+        return _on_cpu_views(compile_fn(gm, [_to_cpu(t) for t in example_inputs]))
 
     compile_on_cpu.examples_device = torch.device("cpu")  # type: ignore[attr-defined]
     return compile_on_cpu
+
+
+def _to_cpu(t: Any) -> Any:
+    from .. import neuron_sim
+
+    return neuron_sim.to_cpu_view(t) if isinstance(t, torch.Tensor) and t.device.type == "neuron" else t
+
+
+def _on_cpu_views(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` (a CPU artifact) called on CPU views of neuron tensors, as one launch."""
+    from .. import neuron_sim
+
+    def call(*args: Any) -> Any:
+        with neuron_sim.single_launch():
+            outs = compiled(*[_to_cpu(a) for a in args])
+        return [neuron_sim.from_cpu(o) if isinstance(o, torch.Tensor) else o for o in outs]
+
+    data = _dump_attached(compiled)
+    if data is not None:
+        setattr(call, ARTIFACT_BYTES, data)
+    return call
+
+
+def artifact_codec(spec: str | CompileFn, device_type: str) -> ArtifactCodec | None:
+    """How ``spec``'s artifacts for ``device_type`` are saved and loaded; None: they are not.
+
+    Example::
+
+        >>> artifact_codec("eager", "cpu") is None, artifact_codec("inductor", "cpu") is not None
+        (True, True)
+    """
+    codec = _CODECS.get(spec) if isinstance(spec, str) else None
+    if codec is None or device_type == "cpu":
+        return codec
+    if _REGISTRY[spec][0] is not _neuron and _cpu_data_device(device_type):
+        # Note [Compiling for the emulated neuron device]: a CPU artifact on CPU views
+        return ArtifactCodec(codec.dump, lambda data: _on_cpu_views(codec.load(data)))
+    return None
 
 
 assert tuple(_REGISTRY) == BUILTIN_BACKENDS  # config validates names against these
 
 
 def register_backend(name: str, compile_fn: CompileFn, support: OpSupport | None = None,
-                     debugging: bool = False) -> None:
+                     debugging: bool = False, codec: ArtifactCodec | None = None) -> None:
     """Add (or replace) a named backend; options accept ``backend=name`` from now on.
+
+    ``codec``: how its artifacts are saved to the disk cache and loaded back
+    (:class:`ArtifactCodec`); without one, its regions compile in every process.
 
     Example::
 
@@ -166,6 +227,10 @@ def register_backend(name: str, compile_fn: CompileFn, support: OpSupport | None
         'my_eager'
     """
     _REGISTRY[name] = (compile_fn, support or OpSupport(), debugging)
+    if codec is None:
+        _CODECS.pop(name, None)
+    else:
+        _CODECS[name] = codec
 
 
 def layout_decompositions(spec: str | CompileFn) -> Callable[[], Any] | None:
@@ -222,5 +287,6 @@ def is_debugging(spec: str | CompileFn) -> bool:
     return bool(entry and entry[2])
 
 
-__all__ = ["CompileFn", "BackendUnavailable", "register_backend", "backend_names", "get_backend", "for_device",
+__all__ = ["CompileFn", "BackendUnavailable", "ArtifactCodec", "ARTIFACT_BYTES", "artifact_codec",
+           "register_backend", "backend_names", "get_backend", "for_device",
            "backend_support", "is_debugging", "layout_decompositions"]

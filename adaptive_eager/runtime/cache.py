@@ -41,6 +41,9 @@ class RegionEntry:
     scalars: dict = field(default_factory=dict)  # slot -> (value, 0-dim tensor)
     is_region: bool = True           # False: a compiled optimizer step (counted on its own)
     compiled_for: tuple = ()  # the specs of the example inputs it was compiled with
+    disk_key: str | None = None      # its key in the disk cache (runtime/region_store.py)
+    disk_tried: bool = False         # the disk cache was asked for it
+    from_disk: bool = False          # its artifact was loaded from the disk cache
 
 
 class _LRU(cachetools.LRUCache):

@@ -41,6 +41,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
@@ -49,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Iterator
 
 import torch
 from torch import fx
@@ -61,6 +62,48 @@ log = logging.getLogger("adaptive_eager")
 # (CompileService.submit sets it). Inductor bakes the count into its CPU kernels, so a
 # worker compiling with its own (1) made every compiled region single-threaded.
 THREADS_META = "adaptive_eager_num_threads"
+
+
+# The attribute a compiled artifact carries its saved bytes in, for the disk cache
+# (runtime/region_store.py): set by the compile function that produced them.
+ARTIFACT_BYTES = "adaptive_eager_artifact_bytes"
+
+# gm.meta key: whether an earlier process found every vector ISA the CPU's flags allow
+# usable (Note [The vector ISA probe is remembered], runtime/region_store.py).
+ISA_META = "adaptive_eager_vec_isa_ok"
+# The attribute a compiled artifact carries the worker's probe verdict in (isa_probed()).
+ISA_PROBED = "adaptive_eager_isa_probed"
+_ISA_ENV = "TORCHINDUCTOR_VEC_ISA_OK"
+
+
+def isa_probed() -> bool | None:
+    """Whether this process probed (compiled and loaded a test library for) every vector
+    ISA the CPU's flags allow, and each passed; None when it did not probe (told, or not
+    x86). Cheap once Inductor has picked an ISA (its lists are cached)."""
+    import platform  # noqa: PLC0415
+
+    from torch._inductor import config as inductor_config  # noqa: PLC0415 - loaded by now
+    from torch._inductor import cpu_vec_isa  # noqa: PLC0415
+
+    if inductor_config.cpp.vec_isa_ok is not None or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    flags = cpu_vec_isa.x86_isa_checker()
+    allowed = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list
+               if all(flag in flags for flag in str(isa).split())]
+    return bool(allowed) and [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()] == allowed
+
+
+@contextlib.contextmanager
+def trusted_vec_isa(ok: bool) -> Iterator[None]:
+    """Inductor told that every vector ISA the CPU allows works (``ok``), so it does not
+    probe them again; a ``TORCHINDUCTOR_VEC_ISA_OK`` set by the user wins."""
+    if not ok or _ISA_ENV in os.environ:
+        yield
+        return
+    from torch._inductor import config as inductor_config  # noqa: PLC0415 - heavy, lazy
+
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        yield
 
 
 class WorkerUnavailable(RuntimeError):
@@ -132,8 +175,9 @@ class _Worker:
 
     def compile(self, gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         threads = gm.meta.get(THREADS_META) or torch.get_num_threads()
+        isa_ok = bool(gm.meta.get(ISA_META))
         try:
-            payload = pickle.dumps((gm, [_describe(x) for x in example_inputs], threads))
+            payload = pickle.dumps((gm, [_describe(x) for x in example_inputs], threads, isa_ok))
         except WorkerUnavailable:
             raise
         except Exception as e:  # noqa: BLE001 - unpicklable graph: compile in-process
@@ -153,15 +197,20 @@ class _Worker:
                 self._kill()
                 raise WorkerUnavailable(f"compile worker died: {type(e).__name__}: {e}") from e
         if status == "ok":
-            from torch._inductor import CompiledArtifact  # noqa: PLC0415 - heavy, lazy
-
             try:
-                return CompiledArtifact.load(path=path, format="binary")
+                with open(path, "rb") as f:
+                    data = f.read()
             finally:
                 try:
                     os.unlink(path)
                 except OSError:
                     pass
+            # The worker was told the ISA probe passes, or just saw it pass: this process
+            # need not probe again (Note [The vector ISA probe is remembered]).
+            with trusted_vec_isa(isa_ok or detail is True):
+                art = load_artifact(data)
+            setattr(art, ISA_PROBED, detail)
+            return art
         if status == "compile_error":
             raise CompileError(detail)
         raise WorkerUnavailable(detail)
@@ -223,6 +272,25 @@ def compile_in_worker(gm: fx.GraphModule, example_inputs: list) -> Callable[...,
     return _WORKER.compile(gm, example_inputs)
 
 
+def load_artifact(data: bytes) -> Callable[..., Any]:
+    """A saved ``standalone_compile`` artifact (binary format) loaded in this process; it
+    carries ``data`` as ``backends.ARTIFACT_BYTES``, for the disk cache."""
+    from torch._inductor import CompiledArtifact  # noqa: PLC0415 - heavy, lazy
+
+    fd, path = tempfile.mkstemp(prefix="adaptive_eager-artifact-", suffix=".bin")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        art = CompiledArtifact.load(path=path, format="binary")
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    setattr(art, ARTIFACT_BYTES, data)
+    return art
+
+
 def _serve() -> None:  # pragma: no cover - runs in the worker process
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints from compilers must not corrupt the protocol
@@ -236,7 +304,7 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
         except EOFError:
             return
         try:
-            gm, described, threads = pickle.loads(payload)
+            gm, described, threads, isa_ok = pickle.loads(payload)
             example = [_rebuild(d) for d in described]
             # Inductor writes the thread count into its CPU kernels (parallel_num_threads):
             # compile for the program's, not this process's.
@@ -245,10 +313,11 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
             _send(out, ("unavailable", f"worker cannot load the graph: {type(e).__name__}: {e}"))
             continue
         try:
-            with torch.no_grad():
+            with torch.no_grad(), trusted_vec_isa(isa_ok):
                 art = standalone_compile(gm, example, dynamic_shapes="from_example_inputs")
             art.save(path=path, format="binary")
-            _send(out, ("ok", None))
+            # told: Inductor's ISA lists now hold what it was told, not what a probe found
+            _send(out, ("ok", None if isa_ok else isa_probed()))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
             _send(out, ("compile_error", f"{type(e).__name__}: {e}"[:2000]))
 

@@ -62,6 +62,7 @@ from .checks import indices_in_range
 from .first_call import CompiledCodeWroteInput, first_call
 from .first_call import layout_why as _why
 from .compiler import CompileService
+from .region_store import open_store
 from .counters import Counters
 from .memory import window_budget
 from .executor import FlushResult, Known, Verdict, replay_guard, run_nodes
@@ -144,7 +145,7 @@ class CompiledExecutor:
         self.cache = RegionCache(options.cache_size, counters)
         self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel,
-                                       layout_decompositions(options.backend))
+                                       layout_decompositions(options.backend), open_store(options))
         self.demote = not is_debugging(options.backend)
         # Note [The first compiled call runs on copies] (first_call.py): larger first
         # calls are checked lean.
@@ -333,12 +334,15 @@ class CompiledExecutor:
             self.compiler.check_timeout(entry)
         else:
             entry.seen += 1
-            if entry.seen >= self.options.compile_after and self.compiler.take_fuel():
+            # Note [Regions compiled by an earlier process] (runtime/compiler.py)
+            started = self.compiler.from_disk(entry)
+            if not started and entry.seen >= self.options.compile_after and self.compiler.take_fuel():
                 self.compiler.submit(entry, lambda: self._lower(window, region, entry))
-                if entry.state == COMPILED:
-                    self._call_compiled(window, step, entry, env, floats)
-                    window.progress.done.extend(region.nodes)
-                    return True
+                started = True
+            if started and entry.state == COMPILED:  # a synchronous compile or load
+                self._call_compiled(window, step, entry, env, floats)
+                window.progress.done.extend(region.nodes)
+                return True
         t0 = time.perf_counter_ns()
         self._run_eager(window, step, env, floats)
         if len(entry.eager_ns) < _TIMED_CALLS:

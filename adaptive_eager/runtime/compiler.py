@@ -34,10 +34,11 @@ import torch
 
 from .._logging import artifact_logger
 from .windows import transition
-from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
-from .compile_worker import THREADS_META, Exiting
+from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
+from .compile_worker import ISA_META, ISA_PROBED, THREADS_META, Exiting
 from .counters import Counters
 from .layouts import LayoutDisagreement, explains_layout, layout_disagreements
+from .region_store import RegionStore
 from ..reasons import R
 
 log = logging.getLogger("adaptive_eager")
@@ -171,10 +172,12 @@ class CompileService:
     """
 
     def __init__(self, compile_fn: Callable, counters: Counters, async_: bool, timeout_s: float,
-                 fuel: int | None = -1, decompositions: Callable[[], Any] | None = None):
+                 fuel: int | None = -1, decompositions: Callable[[], Any] | None = None,
+                 store: RegionStore | None = None):
         self.compile_fn = compile_fn
         # the backend's decompositions, to name an op whose layout it changes (layouts.py)
         self.decompositions = decompositions
+        self.store = store  # Note [Regions compiled by an earlier process]
         self.counters = counters
         self.async_ = async_
         self.timeout_s = timeout_s
@@ -209,9 +212,15 @@ class CompileService:
         except Exception as e:  # noqa: BLE001 - lowering failure: region stays eager
             self.fail(entry, f"{R.LOWERING_FAILED}: {type(e).__name__}: {e}")
             return
+        threads = torch.get_num_threads()
         meta = getattr(gm, "meta", None)
         if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels
-            meta[THREADS_META] = torch.get_num_threads()
+            meta[THREADS_META] = threads
+        if self.store is not None:
+            if entry.disk_key is None:
+                entry.disk_key = self.store.key(entry.key, threads)
+            if isinstance(meta, dict):  # Note [The vector ISA probe is remembered]
+                meta[ISA_META] = self.store.isa_ok()
         if not transition(entry, COMPILING):  # Note [A region's states] (runtime/windows.py)
             return
         with self.counters.lock:
@@ -261,6 +270,10 @@ class CompileService:
                 raise err
             return
         transition(entry, COMPILED, fn=fn)
+        if self.store is not None:
+            self.store.note_isa(getattr(fn, ISA_PROBED, None))
+            if entry.disk_key is not None:
+                self.store.save(entry.disk_key, fn)
         latency = time.monotonic() - entry.submitted_at  # queued -> ready
         clog.debug("compile finished: region %s in %.2f s (%.2f s after it was queued)",
                    _short(entry.key), dt, latency)
@@ -288,6 +301,64 @@ class CompileService:
                                         target=found[0].target)
         return found[0]
 
+    # Note [Regions compiled by an earlier process]
+    # A region seen for the first time in this process whose artifact an earlier process
+    # saved (runtime/region_store.py, runtime/disk_cache.py) is loaded instead of compiled:
+    # at its first sighting in a planned window (the window's first recurrence), with no
+    # compile_after wait and no worker. The load runs on this service's thread like a
+    # compile (the region runs eagerly meanwhile; a synchronous service waits), and its
+    # artifact is checked at its first call like any other (Note [The first compiled call
+    # runs on copies]). An entry that cannot be read or loaded (damaged, another torch) is
+    # deleted and the region goes back to cold, to be compiled as usual; one that loads
+    # but fails its checks is deleted too.
+    def from_disk(self, entry: RegionEntry) -> bool:
+        """Start loading ``entry``'s artifact from the disk cache; True if started."""
+        if self.store is None or entry.disk_tried or entry.state != COLD:
+            return False
+        entry.disk_tried = True
+        key = entry.disk_key = self.store.key(entry.key, torch.get_num_threads())
+        if key is None or not os.path.exists(self.store.cache.entry_path(key)):
+            return False
+        if not self.take_fuel() or not transition(entry, COMPILING):
+            return False
+        clog.debug("loading region %s from the disk cache", _short(entry.key))
+        fut = self._executor().submit(self._load, entry, key)
+        if not self.async_:
+            try:
+                fut.result(timeout=self.timeout_s or None)
+            except cf.TimeoutError:
+                self.fail(entry, f"{R.COMPILE_TIMED_OUT} {self.timeout_s:.0f} s")
+        return True
+
+    def _load(self, entry: RegionEntry, key: str) -> None:
+        assert self.store is not None
+        t0 = time.perf_counter()
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, COMPILE_SWITCH_INTERVAL_S))  # Note [GIL convoy]
+        try:
+            data = self.store.get(key)
+            fn = self.store.load(data) if data is not None else None
+        except Exception as e:  # noqa: BLE001 - an entry that does not load: compile it
+            clog.debug("region %s: disk cache entry does not load (%s: %s); deleted",
+                       _short(entry.key), type(e).__name__, e)
+            self.store.discard(key)
+            fn = None
+        finally:
+            sys.setswitchinterval(switch)
+        with self.counters.lock:
+            self.counters.disk_load_time_s += time.perf_counter() - t0
+        if entry.state != COMPILING:  # timed out meanwhile
+            return
+        if fn is None:
+            transition(entry, COLD)
+            return
+        entry.from_disk = True
+        transition(entry, COMPILED, fn=fn)
+        clog.debug("region %s loaded from the disk cache in %.2f s", _short(entry.key),
+                   time.perf_counter() - t0)
+        with self.counters.lock:
+            self.counters.regions_from_disk += 1
+
     def check_timeout(self, entry: RegionEntry) -> None:
         """Called by the executor on each use of a compiling entry (async mode)."""
         if self.timeout_s and time.monotonic() - entry.submitted_at > self.timeout_s:
@@ -302,6 +373,8 @@ class CompileService:
         log says so instead of promising correct results."""
         if not transition(entry, EAGER_ONLY, reason):
             return  # eager-only already
+        if entry.from_disk and count == "compile_failures" and self.store is not None:
+            self.store.discard(entry.disk_key)  # Note [Regions compiled by an earlier process]
         clog.debug("%s: region %s runs eagerly from now on: %s",
                    "demoted" if count == "demotions" else "compile failed", _short(entry.key), reason)
         with self.counters.lock:

@@ -89,6 +89,8 @@ class Counters:
     fallback_sites: dict = field(default_factory=dict)     # op -> the user's line first seen
     sources_wanted: dict = field(default_factory=dict)     # op target -> op, for the mode
     regions_compiled: int = 0
+    regions_from_disk: int = 0     # regions loaded from the disk cache instead of compiled
+    disk_load_time_s: float = 0.0  # time spent reading and loading them (service thread)
     compiled_calls: int = 0
     compile_failures: int = 0
     demotions: int = 0

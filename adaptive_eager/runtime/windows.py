@@ -235,12 +235,13 @@ def judge(history: WindowHistory, n_ops: int, worth: bool, ran_compiled: bool,
 # -- a compiled region's states ----------------------------------------------------------------
 # Note [A region's states]
 # cold -> compiling (submitted) -> compiled (artifact ready) ; any -> eager_only (a
-# lowering, compile or call failed, timed out, mismatched eager, or lost to it). A late
+# lowering, compile or call failed, timed out, mismatched eager, or lost to it) ;
+# compiling -> cold (a disk cache entry did not load: compile it as usual). A late
 # result for an entry that left ``compiling`` meanwhile (timed out) is dropped; eager_only
 # is final. The compile thread and the program's thread both move entries, only here.
 _ALLOWED = {
     COLD: (COMPILING, EAGER_ONLY),
-    COMPILING: (COMPILED, EAGER_ONLY),
+    COMPILING: (COMPILED, EAGER_ONLY, COLD),
     COMPILED: (EAGER_ONLY,),
     EAGER_ONLY: (),
 }

@@ -1,0 +1,70 @@
+"""What ``ADAPTIVE_EAGER=1`` costs a short script that never pays for capture.
+
+``python -m benchmarks.fixed_cost [--rounds N] [--tree PATH ...]``: runs a 20-op script
+(``import torch``, a few pointwise ops and reductions twice, one print) as a fresh process,
+plain and under ``ADAPTIVE_EAGER=1``, round-robin (interleaved A/B), and prints the median
+CPU time (user + system, of the child) of each and the difference, with the load average.
+``--tree`` adds a variant per source tree (put first on ``PYTHONPATH``), to compare two
+checkouts in one run. The target (issue 22): <= 50 ms over plain; measured +277 ms at df9abda
+(load average 6.8), most of it importing the runtime (networkx alone ~180 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+
+SCRIPT = """\
+import torch
+x = torch.randn(64, 64)
+for i in range(2):
+    y = (x * 2 + 1).relu().sum(0).softmax(0) - x.mean()
+    z = y.exp().log1p().tanh()
+print(float(z.sum()))
+"""
+
+
+def _cpu_s(path: str, env: dict) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, path], env=env, check=True, stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--tree", action="append", default=[],
+                    help="a source tree to run ADAPTIVE_EAGER=1 from (repeatable); default: this one")
+    args = ap.parse_args(argv)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTIVE_EAGER")}
+    variants = {"plain": base}
+    for tree in args.tree or [""]:
+        env = dict(base, ADAPTIVE_EAGER="1")
+        if tree:
+            env["PYTHONPATH"] = os.path.abspath(tree)
+        variants[f"ADAPTIVE_EAGER=1 {tree}".strip()] = env
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "twenty_ops.py")
+        with open(path, "w") as f:
+            f.write(SCRIPT)
+        for _ in range(args.rounds):
+            for name, env in variants.items():
+                times[name].append(_cpu_s(path, env))
+    plain = statistics.median(times["plain"])
+    print(f"20-op script, median CPU of {args.rounds} interleaved runs, load average "
+          f"{os.getloadavg()[0]:.1f}")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        extra = "" if name == "plain" else f"  ({(med - plain) * 1e3:+.0f} ms over plain)"
+        print(f"  {name:<40} {med * 1e3:7.0f} ms{extra}")
+
+
+if __name__ == "__main__":
+    main()
