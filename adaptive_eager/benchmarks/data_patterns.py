@@ -139,7 +139,9 @@ def main() -> None:
                     help="alternating eager/runtime runs; times are their medians")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    options = {"backend": a.backend, "adaptive_passthrough": False, "async_compile": False}
+    # windows' fusion, as issue 26 measured it: the compiled optimizer step (issue 24) off
+    options = {"backend": a.backend, "adaptive_passthrough": False, "async_compile": False,
+               "optimizer_step": False}
     for name in a.patterns:
         if name == "sample":
             make: Callable[[], Callable[[], Any]] = lambda: sample_setup(a.tokens)  # noqa: E731
