@@ -117,6 +117,7 @@ class StepCompiler:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.thread_stack: Any = None  # the safe points' (see attach)
         self._by_service: "weakref.WeakKeyDictionary[Any, cachetools.LRUCache]" = weakref.WeakKeyDictionary()
         self._hooked: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
         # optimizer -> (KnownStep, its entry, the compile service it belongs to)
@@ -124,11 +125,14 @@ class StepCompiler:
         self._tls = threading.local()
 
     # -- hooks ----------------------------------------------------------------------------
-    def attach(self, opt: Any) -> None:
+    def attach(self, opt: Any, thread_stack: Any) -> None:
         """Make sure ``opt`` has our instance hooks, ours the last pre-hook and the first
-        post-hook (called from the global step pre-hook, before the instance hooks run)."""
+        post-hook (called from the global step pre-hook, before the instance hooks run);
+        ``thread_stack``: the safe points' (dispatch/parking.py), which the pre-hook asks
+        for the thread's mode (passed in: parking imports this module)."""
         if type(opt) not in CANDIDATES:
             return
+        self.thread_stack = thread_stack
         handles = self._hooked.get(opt)
         if handles is None:
             handles = (opt.register_step_pre_hook(_pre_hook), opt.register_step_post_hook(_post_hook))
@@ -400,10 +404,8 @@ def _note(counters: Any, cls: str, what: str) -> None:
 
 
 def _pre_hook(opt: Any, args: tuple, kwargs: dict) -> None:
-    from . import parking  # noqa: PLC0415 - parking imports this module
-
-    sp = parking.SAFE_POINTS
-    st = sp.thread_stack() if sp is not None else None
+    stack = STEPS.thread_stack
+    st = stack() if stack is not None else None
     if st:
         try:
             STEPS.before_step(opt, st[-1][0], args, kwargs)

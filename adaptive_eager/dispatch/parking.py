@@ -247,7 +247,7 @@ class SafePoints:
         self._stepping().add(opt)  # Note [Probes come between optimizer steps]
         st = self.thread_stack()
         if st:
-            STEPS.attach(opt)  # its step may run compiled (dispatch/optim_compile.py)
+            STEPS.attach(opt, self.thread_stack)  # its step may run compiled (dispatch/optim_compile.py)
         if st and not st[-1][0]._parked:  # parked: the program's own optimizer, as eager
             groups = use_foreach(opt)
             if groups:
