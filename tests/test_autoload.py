@@ -49,7 +49,7 @@ def run_script(tmp_path, env_extra, script=SCRIPT, pythonpath=None):
     path = tmp_path / "train.py"
     path.write_text(script)
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("ADAPTIVE_EAGER") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+           if (not k.startswith("ADAPTIVE_EAGER") or k == "ADAPTIVE_EAGER_CACHE_DIR") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     env["ADAPTIVE_EAGER_WARMUP"] = "0"  # the scripts check capture from their first op
     env.update(env_extra)
     if pythonpath:

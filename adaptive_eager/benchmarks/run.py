@@ -94,6 +94,8 @@ def _run_subprocess(spec: W.Spec, mode: str, a: argparse.Namespace, log) -> Dict
     env["OMP_NUM_THREADS"] = str(a.threads)
     if a.inductor_cache == "fresh":
         env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
+        # and no compiled region from an earlier run (runtime/disk_cache.py): cold is cold
+        env["ADAPTIVE_EAGER_CACHE_DIR"] = os.path.join(tmp, "regions")
     t0 = time.perf_counter()
     try:
         cp = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=a.timeout)
