@@ -37,9 +37,10 @@ import sys
 from typing import Any, Callable
 
 WORKLOADS = ("gpt", "pointwise", "neuron-mlp")
-MODES = ("eager", "adaptive", "forced", "forced-aot")
+MODES = ("eager", "adaptive", "forced", "forced-aot", "no-step")
 _OPTIONS: dict[str, dict[str, Any]] = {
     "adaptive": {},
+    "no-step": {"optimizer_step": False},  # default options, the compiled optimizer step off
     "forced": {"adaptive_passthrough": False, "warmup": False, "backend": "eager"},
     "forced-aot": {"adaptive_passthrough": False, "warmup": False, "backend": "aot_eager",
                    "async_compile": False},
