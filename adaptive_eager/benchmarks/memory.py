@@ -37,10 +37,11 @@ import sys
 from typing import Any, Callable
 
 WORKLOADS = ("gpt", "pointwise", "neuron-mlp")
-MODES = ("eager", "adaptive", "forced", "forced-aot", "no-step")
+MODES = ("eager", "adaptive", "forced", "forced-aot", "no-step", "no-verify")
 _OPTIONS: dict[str, dict[str, Any]] = {
     "adaptive": {},
     "no-step": {"optimizer_step": False},  # default options, the compiled optimizer step off
+    "no-verify": {"verify_compiled": False},  # default options, first compiled calls unchecked
     "forced": {"adaptive_passthrough": False, "warmup": False, "backend": "eager"},
     "forced-aot": {"adaptive_passthrough": False, "warmup": False, "backend": "aot_eager",
                    "async_compile": False},
