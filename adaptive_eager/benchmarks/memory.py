@@ -48,7 +48,8 @@ _OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
+    """A ``/proc/self/status`` field in KiB (Linux)."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -56,7 +57,8 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def _reset_peak() -> None:
+def reset_peak() -> None:
+    """Reset the process's peak resident set (VmHWM) to its current one (Linux)."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current resident set
 
@@ -156,11 +158,11 @@ def run_one(workload: str, mode: str) -> dict[str, Any]:
         if neuron:
             torch.neuron.reset_peak_memory_stats()
             dev_start = torch.neuron.memory_allocated()
-        _reset_peak()
-        start = _status_kib("VmRSS")
+        reset_peak()
+        start = status_kib("VmRSS")
         for i in range(counts["warmup"], counts["warmup"] + counts["steps"]):
             losses.append(step(i))
-        peak = _status_kib("VmHWM")
+        peak = status_kib("VmHWM")
     out: dict[str, Any] = {"workload": workload, "mode": mode, "peak_mib": (peak - start) / 1024,
                            "losses": losses}
     if neuron:

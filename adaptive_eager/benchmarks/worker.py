@@ -26,6 +26,8 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional
 
+from adaptive_eager.benchmarks import memory as _memory  # /proc peak helpers (no torch import)
+
 
 def percentile(xs: List[float], q: float) -> float:
     """Linear interpolation between closest ranks (``statistics.quantiles``' inclusive
@@ -236,30 +238,21 @@ def _kv(s: str) -> Dict[str, Any]:
     return out
 
 
-def _status_kib(field: str) -> Optional[int]:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def _reset_peak_rss() -> Optional[int]:
     """Reset the peak resident set (Linux) and return the current one, in KiB (None
     where it cannot be reset)."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
+        _memory.reset_peak()
+        return _memory.status_kib("VmRSS")
+    except (OSError, RuntimeError):
         return None
-    return _status_kib("VmRSS")
 
 
 def _peak_rss() -> Optional[int]:
-    return _status_kib("VmHWM")
+    try:
+        return _memory.status_kib("VmHWM")
+    except (OSError, RuntimeError):
+        return None
 
 
 def main(argv=None) -> int:

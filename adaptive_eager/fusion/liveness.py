@@ -34,7 +34,7 @@ from __future__ import annotations
 from math import prod
 from typing import AbstractSet, Callable, Iterable, Sequence
 
-from .ir import OpNode, Window
+from .ir import OpNode, TensorSpec, Window
 
 
 def last_uses(nodes: Sequence[OpNode], order: Iterable[int]) -> dict[int, int]:
@@ -88,6 +88,11 @@ def peak_bytes(nodes: Sequence[OpNode], order: Sequence[int], keep: AbstractSet[
     return peak
 
 
+def spec_bytes(spec: TensorSpec) -> int:
+    """The bytes of a dense tensor of ``spec``'s shape and dtype."""
+    return prod(spec.shape) * spec.dtype.itemsize
+
+
 def replay_peak(window: Window, order: Sequence[int]) -> int:
     """:func:`peak_bytes` of ``window`` run in ``order``, sized from its specs (a view or an
     in-place result allocates nothing)."""
@@ -96,7 +101,7 @@ def replay_peak(window: Window, order: Sequence[int]) -> int:
 
     def nbytes(v: int) -> int:
         spec = specs.get(v)
-        return 0 if spec is None else prod(spec.shape) * spec.dtype.itemsize
+        return 0 if spec is None else spec_bytes(spec)
 
     def fresh(i: int, v: int) -> bool:
         node = nodes[i]
@@ -105,4 +110,4 @@ def replay_peak(window: Window, order: Sequence[int]) -> int:
     return peak_bytes(nodes, order, window.outputs, nbytes, fresh)
 
 
-__all__ = ["last_uses", "release_after", "peak_bytes", "replay_peak"]
+__all__ = ["last_uses", "release_after", "peak_bytes", "replay_peak", "spec_bytes"]

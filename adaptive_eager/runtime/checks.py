@@ -158,12 +158,14 @@ def summaries_close(a: tuple, b: tuple, rtol: float = 1e-3) -> bool:
         and a[4:] == b[4:]
 
 
-def clone_strided(t: torch.Tensor) -> torch.Tensor:
-    """A copy with ``t``'s strides (clone() may make non-dense layouts contiguous)."""
+def clone_strided(t: torch.Tensor, device: Any = None) -> torch.Tensor:
+    """A copy with ``t``'s strides (clone() may make non-dense layouts contiguous), on
+    ``device`` (default: ``t``'s)."""
     try:
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device or t.device)
     except RuntimeError:
-        return t.clone()
+        return t.to(device, copy=True) if device is not None else t.clone()
+    return out.copy_(t)
 
 
 __all__ = ["close", "meta_problem", "outputs_match", "same_bits", "inputs_intact", "aliases_any",

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from ..fusion.ir import Window
+from ..fusion.liveness import spec_bytes
 from ..reasons import R
 from .cache import RegionEntry
 from .layouts import explains_layout, input_disagreement
@@ -66,18 +67,7 @@ class CompiledCodeWroteInput(BaseException):
 
 def on_host(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy of ``t`` with its strides."""
-    try:
-        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-    except RuntimeError:
-        return t.to("cpu", copy=True)
-    return out.copy_(t)
-
-
-def _spec_bytes(spec: Any) -> int:
-    n = spec.dtype.itemsize
-    for d in spec.shape:
-        n *= d
-    return n
+    return clone_strided(t, "cpu")
 
 
 def first_call(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
@@ -90,7 +80,7 @@ def first_call(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict
     if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args):
         return _via_host(ex, window, step, entry, env, args, floats)
     size = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
-    size += sum(_spec_bytes(window.specs[v]) for v in region.outputs)
+    size += sum(spec_bytes(window.specs[v]) for v in region.outputs)
     if size > ex.check_bytes:
         return _lean(ex, window, step, entry, env, args, floats)
     return _on_copies(ex, window, step, entry, env, args, floats)
