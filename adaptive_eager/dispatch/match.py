@@ -7,9 +7,11 @@ real input at its first use, with its spec and aliasing; ``AGAIN``/``SAME``: tha
 used again by a later node / the same one; ``CONST``: a constant by type and value;
 ``LIFTED``: a lifted float, Note [Scalar lifting]; ``NESTED``: a list holding any of
 these), and :func:`generate` makes a node's ``emit(rec, args, kwargs)`` from them:
-straight-line code that returns MISS
-unless the op's arguments fit the templates, and otherwise does what the recorder's slow
-path would have done (the node appended, its handles made from the recorded specs).
+straight-line code that returns MISS unless the op's arguments fit the templates, and
+otherwise does what the recorder's slow path would have done (the node appended, its
+handles made from the recorded specs). The checks of real inputs and the code that
+appends are the window builder's (recorder.py), passed in as ``builder``: this module
+reads the recorder and writes none of its fields.
 
 Example::
 
@@ -30,26 +32,17 @@ from __future__ import annotations
 
 import struct
 import threading
-import time
-import weakref
-from math import copysign
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 
 from ..fusion.ir import OpNode, ValueRef, Window
 from ..fusion.scalars import lift_rule
 from ..fusion.signature import _freeze
-from .exported import exported_input
-from .lazy import LazyTensor, contiguous_strides
+from .lazy import LazyTensor
 from .optable import OpTraits
 
-_make = torch.Tensor._make_wrapper_subclass
-_storage_id_of = torch._C._storage_id
 _get_default_dtype = torch.get_default_dtype
-_STRIDED = torch.strided
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_PLAIN_DISPATCH = torch._C._disabled_torch_dispatch_impl
 _F64 = struct.Struct("<d")
 _INT_LISTS = ("int[", "SymInt[", "bool[")  # schema types whose lists box only ints (bools)
 
@@ -77,6 +70,12 @@ class Made(NamedTuple):
     structure: str
     default_dtype: torch.dtype | None = None
     dtype_given: bool = False
+
+
+def returned_alias(ret_alias: tuple, i: int) -> Any:
+    """The argument output ``i`` of an op aliases (``OpTraits.return_alias``; one entry
+    stands for every output), or None."""
+    return ret_alias[i] if i < len(ret_alias) else (ret_alias[0] if ret_alias else None)
 
 
 class Untraceable(Exception):
@@ -129,8 +128,8 @@ class Encoder:
             if vid is None:
                 outs.append(None)
                 continue
-            # As Recorder._append: a return aliasing a written argument is that argument.
-            alias = ret_alias[i] if i < len(ret_alias) else (ret_alias[0] if ret_alias else None)
+            # A return aliasing a written argument is that argument (Recorder's rule).
+            alias = returned_alias(ret_alias, i)
             if alias is not None and alias in mutated:
                 arg = kwargs.get(alias) if isinstance(alias, str) else node.args[alias]
                 outs.append((1, alias, i if isinstance(arg, (list, tuple)) else None))
@@ -170,84 +169,41 @@ class Encoder:
 
 
 # -- code generation -------------------------------------------------------------------------
-class Pending:
-    """The real inputs one node matched so far: (vid, tensor, storage id) in order, indexed
-    by the tensor's id and by storage (a foreach op over 100 parameters matched each
-    against a list of the ones before: 5,000 comparisons an op, ~40% of a matched AdamW
-    step)."""
+class Source:
+    """The text of one generated function and the namespace it runs in: ``line`` adds a
+    line, ``const`` binds a value to a fresh name (K1, K2, ...: Note [Generated matchers
+    share their code]) and returns the name. match.py writes a matcher's checks into it,
+    the window builder (recorder.py) the code that appends the matched node.
 
-    __slots__ = ("items", "ids", "sids")
+    Example::
 
-    def __init__(self) -> None:
-        self.items: list[tuple[int, Any, Any]] = []
-        self.ids: dict[int, int] = {}
-        self.sids: dict[Any, int] = {}
+        >>> src = Source({})
+        >>> src.line(f"    return {src.const(42)}")
+        >>> src.ns["K1"], src.lines
+        (42, ['    return K1'])
+    """
 
+    __slots__ = ("ns", "lines", "count")
 
-def _first(rec: Any, a: Any, e: tuple, pending: Pending) -> bool:
-    """Whether ``a`` is a real input the slow path would number ``e[1]`` with ``e``'s spec
-    and aliasing (the checks of Recorder._input_vid); queues it in ``pending``."""
-    t = a
-    tt = type(t)
-    if tt is LazyTensor:
-        t = t._ae_real
-        if t is None:
-            return False
-    elif tt not in _PLAIN and not (isinstance(t, torch.Tensor) and tt.__torch_dispatch__ is _PLAIN_DISPATCH):
-        return False
-    if t.dtype is not e[5] or t.shape != e[2] or t.stride() != e[3] or t.storage_offset() != e[4] \
-            or t.device != e[6]:
-        return False
-    if t.layout is not _STRIDED or t.is_conj() or t.is_neg() or t._is_zerotensor():
-        return False
-    if id(t) in rec._input_ids or id(t) in pending.ids:
-        return False  # the slow path would reuse that input's value id
-    try:
-        sid = _storage_id_of(t)
-    except Exception:  # noqa: BLE001 - storage-less tensors
-        sid = None
-    root = None
-    if sid is not None:
-        if exported_input(t, sid):
-            return False  # Note [Exported memory]: the slow path runs the op now
-        root = rec._storages.get(sid)
-        if root is None:
-            root = pending.sids.get(sid)
-    if root != e[7]:
-        return False
-    pending.items.append((e[1], t, sid))
-    pending.ids[id(t)] = e[1]  # the tensor is held by items while the node matches
-    if sid is not None:
-        pending.sids.setdefault(sid, e[1])
-    return True
+    def __init__(self, ns: dict[str, Any]):
+        self.ns = ns
+        self.lines: list[str] = []
+        self.count = 0
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+
+    def const(self, value: Any) -> str:
+        self.count += 1
+        name = f"K{self.count}"
+        self.ns[name] = value
+        return name
 
 
-def _same(a: Any, vid: int, pending: Pending) -> bool:
+def _same(a: Any, vid: int, pending: Any) -> bool:
     """Whether ``a`` is the input an earlier argument of this node matched as ``vid``."""
     t = a._ae_real if type(a) is LazyTensor else a
     return t is not None and pending.ids.get(id(t)) == vid
-
-
-def _register(rec: Any, pending: Pending) -> None:
-    """Make the matched real inputs inputs of the window (as Recorder._input_vid does)."""
-    H = rec.H
-    for vid, t, sid in pending.items:
-        H[vid] = t
-        rec._input_ids[id(t)] = vid
-        rec.inputs[vid] = t
-        if sid is not None:
-            first = rec._storages.setdefault(sid, vid)
-            if first != vid:
-                rec.alias_root[vid] = first
-
-
-def _rebuild(node: OpNode, where: int | str, value: Any) -> OpNode:
-    """``node`` holding this window's value of its lifted float (eager replay reads it)."""
-    if type(where) is int:
-        args = list(node.args)
-        args[where] = value
-        return node._replace(args=tuple(args))
-    return node._replace(kwargs=tuple((k, value if k == where else v) for k, v in node.kwargs))
 
 
 def _all_floats(a: list) -> bool:
@@ -270,27 +226,47 @@ _CODE_MAX = 8192
 _CODE_LOCK = threading.Lock()
 
 
-def generate(nd: Any, pos: tuple, kw: tuple, outs: tuple, lift: Any) -> Callable:
+class Builder(Protocol):
+    """What a matcher needs of the window builder (``recorder.Recorder``): the check of
+    a real input at its first use, an empty queue for the inputs one node matches, and
+    the code that appends the matched node (Note [The builder writes its own fields],
+    recorder.py)."""
+
+    @staticmethod
+    def first_use(rec: Any, a: Any, e: tuple, pending: Any) -> bool: ...
+
+    @staticmethod
+    def pending() -> Any: ...
+
+    @staticmethod
+    def append_source(src: Source, nd: Any, outs: tuple, lift: Any, kwvars: dict[str, str],
+                      has_first: bool, has_h: bool) -> list[str]: ...
+
+
+def generate(nd: Any, pos: tuple, kw: tuple, outs: tuple, lift: Any, builder: Builder) -> Callable:
     """Straight-line ``emit(rec, args, kwargs)`` for ``nd`` (a trace.TNode: its ``node``,
-    ``made``, ``depth`` and ``func`` are read, and the code points the recorder at it).
-    Every check comes before the first side effect, so a MISS leaves the recorder as it
-    was."""
-    ns: dict[str, Any] = {
-        "MISS": MISS, "LT": LazyTensor, "make": _make, "Pending": Pending, "wref": weakref.ref, "ND": nd,
-        "NODE": nd.node, "first": _first, "same": _same, "register": _register, "rebuild": _rebuild,
-        "freeze": _freeze, "pack": _F64.pack, "copysign": copysign, "all_floats": _all_floats,
-        "perf_ns": time.perf_counter_ns, "default_dtype": _get_default_dtype,
-    }
-    counter = [0]
+    ``made``, ``depth`` and ``func`` are read). Every check comes before the first side
+    effect, so a MISS leaves the recorder as it was; the side effects are ``builder``'s
+    code (``builder.append_source``)."""
+    src = Source({"MISS": MISS, "LT": LazyTensor, "same": _same, "freeze": _freeze,
+                  "pack": _F64.pack, "all_floats": _all_floats, "default_dtype": _get_default_dtype,
+                  "first": builder.first_use, "Pending": builder.pending})
+    src.line("def emit(rec, args, kwargs):")
+    entries = list(leaves(pos)) + list(leaves(tuple(e for _, e in kw)))
+    has_h = any(e[0] in (HANDLE, AGAIN) for e in entries)
+    has_first = any(e[0] == FIRST for e in entries)
+    kwvars = _checks(src, pos, kw, has_h, has_first)
+    if nd.made.default_dtype is not None:
+        src.line(f"    if default_dtype() is not {src.const(nd.made.default_dtype)}: return MISS")
+    # -- matched: from here on, what the slow path's record does ---------------------------
+    results = builder.append_source(src, nd, outs, lift, kwvars, has_first, has_h)
+    _return(src, nd.made.structure, results)
+    return _compiled(src, nd)
 
-    def const(v: Any) -> str:
-        counter[0] += 1
-        name = f"K{counter[0]}"
-        ns[name] = v
-        return name
 
-    L: list[str] = ["def emit(rec, args, kwargs):"]
-    w = L.append
+def _checks(src: Source, pos: tuple, kw: tuple, has_h: bool, has_first: bool) -> dict[str, str]:
+    """The checks of the arguments against their templates; the kwargs' local names."""
+    w = src.line
     n = len(pos)
     if kw:
         w(f"    if len(args) != {n} or not kwargs or len(kwargs) != {len(kw)}: return MISS")
@@ -300,123 +276,75 @@ def generate(nd: Any, pos: tuple, kw: tuple, outs: tuple, lift: Any) -> Callable
         w("    a0, = args")
     elif n:
         w("    " + ", ".join(f"a{j}" for j in range(n)) + " = args")
-    entries = list(leaves(pos)) + list(leaves(tuple(e for _, e in kw)))
-    if any(e[0] in (HANDLE, AGAIN) for e in entries):
+    if has_h:
         w("    H = rec.H")
-    has_first = any(e[0] == FIRST for e in entries)
     if has_first:
         w("    P = Pending()")
-
-    def check(var: str, e: tuple) -> None:
-        tag = e[0]
-        if tag == HANDLE:
-            w(f"    if H[{const(e[1])}]() is not {var}: return MISS")
-        elif tag == AGAIN:
-            k = const(e[1])
-            w(f"    if {var} is not H[{k}] and (type({var}) is not LT or {var}._ae_real is not H[{k}]):"
-              " return MISS")
-        elif tag == FIRST:
-            w(f"    if not first(rec, {var}, {const(e)}, P): return MISS")
-        elif tag == SAME:
-            w(f"    if not same({var}, {e[1]}, P): return MISS")
-        elif tag == LIFTED:
-            if e[1]:
-                w(f"    if type({var}) is not list or len({var}) != {e[2]} or not all_floats({var}):"
-                  " return MISS")
-            else:
-                w(f"    if type({var}) is not float: return MISS")
-        elif tag == NESTED:
-            items = e[2]
-            w(f"    if type({var}) is not {const(e[1])} or len({var}) != {len(items)}: return MISS")
-            for j, sub in enumerate(items):
-                check(f"{var}[{j}]", sub)
-        else:
-            _check_const(w, const, var, e)
-
     for j, e in enumerate(pos):
-        check(f"a{j}", e)
+        _check(src, f"a{j}", e)
     kwvars: dict[str, str] = {}
     for k, e in kw:
         var = kwvars[k] = f"k{len(kwvars)}"
         w(f"    {var} = kwargs.get({k!r}, MISS)")
         w(f"    if {var} is MISS: return MISS")
-        check(var, e)
-    if nd.made.default_dtype is not None:
-        w(f"    if default_dtype() is not {const(nd.made.default_dtype)}: return MISS")
-    # -- matched: from here on, what the slow path's record does ---------------------------
-    if has_first:
-        w("    register(rec, P)")
-    w("    node = NODE")
-    if lift is not None:
-        var = f"a{lift}" if type(lift) is int else kwvars[lift]
-        old = nd.node.args[lift] if type(lift) is int else dict(nd.node.kwargs)[lift]
-        w(f"    rec.floats.append({var})")
-        if type(old) is float:
-            w(f"    if {var} is not {const(old)} and ({var} != {const(old)} or {var} == 0.0):")
+        _check(src, var, e)
+    return kwvars
+
+
+def _check(src: Source, var: str, e: tuple) -> None:
+    """Code that returns MISS unless ``var`` fits the template ``e``."""
+    w, const = src.line, src.const
+    tag = e[0]
+    if tag == HANDLE:
+        w(f"    if H[{const(e[1])}]() is not {var}: return MISS")
+    elif tag == AGAIN:
+        k = const(e[1])
+        w(f"    if {var} is not H[{k}] and (type({var}) is not LT or {var}._ae_real is not H[{k}]):"
+          " return MISS")
+    elif tag == FIRST:
+        w(f"    if not first(rec, {var}, {const(e)}, P): return MISS")
+    elif tag == SAME:
+        w(f"    if not same({var}, {e[1]}, P): return MISS")
+    elif tag == LIFTED:
+        if e[1]:
+            w(f"    if type({var}) is not list or len({var}) != {e[2]} or not all_floats({var}):"
+              " return MISS")
         else:
-            w(f"    if {var} != {const(old)} or 0.0 in {var}:")
-        w(f"        node = rebuild(NODE, {lift!r}, {var})")
-    if nd.depth == 0:
-        w("    rec.opened_ns = perf_ns()")
-    results = []
-    made_any = False
-    for o in outs:
-        if o is None:
-            results.append("None")
-            continue
-        if o[0] == 1:
-            _, where, idx = o
-            var = f"a{where}" if type(where) is int else kwvars[where]
-            results.append(var if idx is None else f"{var}[{idx}]")
-            continue
-        _, vid, spec, root = o
-        if not made_any:
-            w("    owner = rec.owner")
-            if not any(e[0] in (HANDLE, AGAIN) for e in entries):
-                w("    H = rec.H")
-            w("    handles = rec.handles")
-            made_any = True
-        extra = ""
-        if spec.storage_offset:
-            extra = f", strides={const(spec.stride)}, storage_offset={const(spec.storage_offset)}"
-        elif spec.stride != contiguous_strides(spec.shape):
-            extra = f", strides={const(spec.stride)}"
-        # Value ids and every value are constants, not literals (Note [Generated matchers
-        # share their code]); a handle's local name is its position among the outputs.
-        h, v = f"h{len(results)}", const(vid)
-        w(f"    {h} = make(LT, {const(spec.shape)}{extra}, dtype={const(spec.dtype)},"
-          f" device={const(spec.device)})")
-        w(f"    {h}._ae_vid = {v}")
-        w(f"    {h}._ae_owner = owner")
-        w(f"    {h}._ae_spec = {const(spec)}")
-        w(f"    H[{v}] = r = wref({h})")
-        w("    handles.append(r)")
-        if root is not None:
-            w(f"    rec.alias_root[{v}] = {const(root)}")
-        results.append(h)
-    w("    rec.nodes.append(node)")
-    w("    rec.at = ND")
-    w("    rec.next = ND.first")
-    structure = nd.made.structure
-    if structure == "tensor":
-        w(f"    return {results[0]}")
-    elif structure == "none":
-        w("    return None")
-    elif structure == "list":
-        w(f"    return [{', '.join(results)}]")
+            w(f"    if type({var}) is not float: return MISS")
+    elif tag == NESTED:
+        items = e[2]
+        w(f"    if type({var}) is not {const(e[1])} or len({var}) != {len(items)}: return MISS")
+        for j, sub in enumerate(items):
+            _check(src, f"{var}[{j}]", sub)
     else:
-        w(f"    return ({''.join(r + ', ' for r in results)})")
-    src = "\n".join(L)
-    code = _CODE.get(src)
-    if code is None:  # Note [Generated matchers share their code]
-        code = compile(src, f"<adaptive_eager trace node {nd.depth}: {nd.func}>", "exec")
+        _check_const(w, const, var, e)
+
+
+def _return(src: Source, structure: str, results: list[str]) -> None:
+    if structure == "tensor":
+        src.line(f"    return {results[0]}")
+    elif structure == "none":
+        src.line("    return None")
+    elif structure == "list":
+        src.line(f"    return [{', '.join(results)}]")
+    else:
+        src.line(f"    return ({''.join(r + ', ' for r in results)})")
+
+
+def _compiled(src: Source, nd: Any) -> Callable:
+    """The function ``src`` defines, its code object shared by source (Note [Generated
+    matchers share their code])."""
+    text = "\n".join(src.lines)
+    code = _CODE.get(text)
+    if code is None:
+        code = compile(text, f"<adaptive_eager trace node {nd.depth}: {nd.func}>", "exec")
         with _CODE_LOCK:  # matchers are generated by whichever thread first tries them
             if len(_CODE) >= _CODE_MAX and _CODE:
                 _CODE.pop(next(iter(_CODE)), None)
-            _CODE[src] = code
-    exec(code, ns)  # noqa: S102 - generated from the recorded node
-    fn = ns["emit"]
-    fn.source = src
+            _CODE[text] = code
+    exec(code, src.ns)  # noqa: S102 - generated from the recorded node
+    fn = src.ns["emit"]
+    fn.source = text
     return fn
 
 
@@ -443,5 +371,5 @@ def _check_const(w: Callable[[str], None], const: Callable[[Any], str], var: str
         w(f"    if type({var}) is not {const(t)} or freeze({var}) != {const(e[3])}: return MISS")
 
 
-__all__ = ["MISS", "Made", "Encoder", "Untraceable", "generate", "leaves",
+__all__ = ["MISS", "Made", "Encoder", "Untraceable", "Source", "Builder", "generate", "leaves", "returned_alias",
            "HANDLE", "FIRST", "AGAIN", "CONST", "LIFTED", "NESTED", "SAME"]

@@ -37,18 +37,21 @@ from ..fusion.ir import OpNode, TensorSpec, ValueRef, Window
 from ..fusion.slicing import needed_nodes
 from .exported import Exported, exported_input
 from .interrupts import critical
-from .lazy import LazyTensor, Owner, new_handle
-from .match import MISS, Made
+from .lazy import LazyTensor, Owner, contiguous_strides, new_handle
+from .keys import BY_VALUE, FACTORY, MemoSeeder, leaf_key, plain_strided
+from .match import MISS, Made, Source, generate, returned_alias
 from .meta import MetaFailure, MetaMemo, MetaResult, Uncapturable, meta_execute
 from .optable import Kind, OpTraits, derive_traits
 from .source import user_source
 from .trace import TNode, TraceBook
 from .validity import check as check_validity
 from ..fusion.ir import op_name
-from ..fusion.policy import data_dependent
 from ..reasons import R
 
 _TensorBase = torch._C.TensorBase  # isinstance against the C base is fast
+_make = torch.Tensor._make_wrapper_subclass
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_PLAIN_DISPATCH = torch._C._disabled_torch_dispatch_impl
 
 
 # Slices longer than this flush everything instead (Note [Partial flush]).
@@ -64,40 +67,83 @@ def _storage_id(t: torch.Tensor) -> int | None:
     except Exception:  # noqa: BLE001 - sparse, storage-less or foreign tensors
         return None
 
-# Ops whose float arguments can change output shapes (Note [Scalars in the meta key]).
-_FLOAT_SHAPED = ("arange", "range", "linspace", "logspace", "upsample", "interpolate", "histc")
-
-
-_BY_VALUE = 1  # its floats are keyed by value (_FLOAT_SHAPED)
-_FACTORY = 2   # no tensor argument, a keyword-only dtype: reads the default dtype when None
-
-
-def _op_flags(func: Any) -> int:
-    schema = func._schema
-    flags = _BY_VALUE if any(s in schema.name for s in _FLOAT_SHAPED) else 0
-    args = schema.arguments
-    if any(a.name == "dtype" and a.kwarg_only for a in args) and \
-            not any("Tensor" in str(a.type) for a in args):
-        flags |= _FACTORY
-    return flags
-
-
-def _leaf_key(x: Any, tx: type, by_value: Any) -> Any:
-    """A non-tensor argument's part of the meta key (Note [Scalars in the meta key]):
-    floats by type (by value for ops whose floats shape the output), ints by value."""
-    if tx is float or tx is complex:
-        return (tx, x) if by_value else tx
-    if tx is int or tx is bool:
-        return (tx, x)
-    return x
-
-
 def _refs(obj: Any):
     if isinstance(obj, ValueRef):
         yield obj
     elif isinstance(obj, (list, tuple)):
         for o in obj:
             yield from _refs(o)
+
+
+class Pending:
+    """The real inputs one matched node checked so far (:meth:`Recorder.first_use`):
+    (vid, tensor, storage id) in order, indexed by the tensor's id and by storage (a
+    foreach op over 100 parameters matched each against a list of the ones before: 5,000
+    comparisons an op, ~40% of a matched AdamW step)."""
+
+    __slots__ = ("items", "ids", "sids")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, Any, Any]] = []
+        self.ids: dict[int, int] = {}
+        self.sids: dict[Any, int] = {}
+
+
+def _rebuild(node: OpNode, where: int | str, value: Any) -> OpNode:
+    """``node`` holding this window's value of its lifted float (eager replay reads it)."""
+    if type(where) is int:
+        args = list(node.args)
+        args[where] = value
+        return node._replace(args=tuple(args))
+    return node._replace(kwargs=tuple((k, value if k == where else v) for k, v in node.kwargs))
+
+
+def _var(where: int | str, kwvars: dict[str, str]) -> str:
+    """The matcher's local name of argument ``where``."""
+    return f"a{where}" if type(where) is int else kwvars[where]
+
+
+def _handles_source(src: Source, outs: tuple, kwvars: dict[str, str], has_h: bool) -> list[str]:
+    """Code making a matched node's outputs (``Encoder.node``'s ``outs``): a written
+    argument returned as itself, else a handle of the recorded spec (as ``_append``)."""
+    w, const = src.line, src.const
+    results: list[str] = []
+    made_any = False
+    for o in outs:
+        if o is None:
+            results.append("None")
+            continue
+        if o[0] == 1:
+            _, where, idx = o
+            var = _var(where, kwvars)
+            results.append(var if idx is None else f"{var}[{idx}]")
+            continue
+        _, vid, spec, root = o
+        if not made_any:
+            w("    owner = rec.owner")
+            if not has_h:
+                w("    H = rec.H")
+            w("    handles = rec.handles")
+            made_any = True
+        extra = ""
+        if spec.storage_offset:
+            extra = f", strides={const(spec.stride)}, storage_offset={const(spec.storage_offset)}"
+        elif spec.stride != contiguous_strides(spec.shape):
+            extra = f", strides={const(spec.stride)}"
+        # Value ids and every value are constants, not literals (Note [Generated matchers
+        # share their code], match.py); a handle's local name is its position among the outputs.
+        h, v = f"h{len(results)}", const(vid)
+        w(f"    {h} = make(LT, {const(spec.shape)}{extra}, dtype={const(spec.dtype)},"
+          f" device={const(spec.device)})")
+        w(f"    {h}._ae_vid = {v}")
+        w(f"    {h}._ae_owner = owner")
+        w(f"    {h}._ae_spec = {const(spec)}")
+        w(f"    H[{v}] = r = wref({h})")
+        w("    handles.append(r)")
+        if root is not None:
+            w(f"    rec.alias_root[{v}] = {const(root)}")
+        results.append(h)
+    return results
 
 
 class OutputMismatch(Exception):
@@ -116,9 +162,7 @@ class Recorder:
         self.device = device
         self.memo = memo
         self.owner = owner
-        # func -> _BY_VALUE | _FACTORY; bounded by the number of ATen overloads.
-        self._op_flags: dict[Any, int] = {}
-        self._seedable: dict[Any, bool] = {}
+        self.seeder = MemoSeeder(memo, device)  # also the op flags of the meta key
         self.book = book  # the session's traces (None: every window records)
         self.counters = memo.counters
         self._reset()
@@ -161,7 +205,7 @@ class Recorder:
     def _input_vid(self, t: torch.Tensor) -> int:
         vid = self._input_ids.get(id(t))
         if vid is None:
-            if t.layout != torch.strided or t.is_conj() or t.is_neg() or t._is_zerotensor():
+            if not plain_strided(t):
                 # A spec cannot describe it (no strides; no conj/neg bit): run for real.
                 raise Uncapturable(RuntimeError(f"input of layout {t.layout}, conj={t.is_conj()}"))
             sid = _storage_id(t)
@@ -169,13 +213,17 @@ class Recorder:
                 raise Exported(RuntimeError("the op touches memory read outside the dispatcher"))
             spec = TensorSpec.of(t)
             vid = self._new_value(spec, self.memo.intern(spec))
-            self._input_ids[id(t)] = vid
-            self.inputs[vid] = t
-            if sid is not None:
-                first = self._storages.setdefault(sid, vid)
-                if first != vid:
-                    self.alias_root[vid] = first  # real inputs sharing storage (p, p.data)
+            self._add_input(vid, t, sid)
         return vid
+
+    def _add_input(self, vid: int, t: torch.Tensor, sid: int | None) -> None:
+        """Make real tensor ``t`` the window's input ``vid`` (aliasing by storage)."""
+        self._input_ids[id(t)] = vid
+        self.inputs[vid] = t
+        if sid is not None:
+            first = self._storages.setdefault(sid, vid)
+            if first != vid:
+                self.alias_root[vid] = first  # real inputs sharing storage (p, p.data)
 
     def vid_of(self, t: Any) -> int | None:
         """The window's value id for a tensor the program holds, if the window touches it."""
@@ -222,7 +270,7 @@ class Recorder:
                 key.append((tx, tuple(sub_key)))
             else:
                 enc.append(x)
-                key.append(_leaf_key(x, tx, by_value))
+                key.append(leaf_key(x, tx, by_value))
 
     # -- recording ------------------------------------------------------------------
     # -- matching a trace ------------------------------------------------------------
@@ -246,6 +294,95 @@ class Recorder:
                         at.first = nd  # what the mode tries first next time
                     return out
         return MISS
+
+    # Note [The builder writes its own fields]
+    # A matched node (trace.py) is appended by code generated for it (match.py), which
+    # must leave the recorder exactly as recording would have. So the check of a real
+    # input at its first use (first_use, with _input_vid's predicates), the registering
+    # of matched inputs (add_inputs, through _add_input) and the code that appends the
+    # node (append_source) are the recorder's, beside the fields they write; match.py
+    # generates the reads only. The appending code stays inlined in each matcher: a
+    # method call per op would cost ~0.1-0.3 µs of the ~6.4 µs an op costs on the fast
+    # path (benchmarks.overhead).
+    pending = Pending
+
+    @staticmethod
+    def first_use(rec: "Recorder", a: Any, e: tuple, pending: Pending) -> bool:
+        """Whether ``a`` is a real input the slow path would number ``e[1]`` with ``e``'s
+        spec and aliasing (FIRST template, match.py); queues it in ``pending``."""
+        t = a
+        tt = type(t)
+        if tt is LazyTensor:
+            t = t._ae_real
+            if t is None:
+                return False
+        elif tt not in _PLAIN and not (isinstance(t, torch.Tensor) and tt.__torch_dispatch__ is _PLAIN_DISPATCH):
+            return False
+        if t.dtype is not e[5] or t.shape != e[2] or t.stride() != e[3] or t.storage_offset() != e[4] \
+                or t.device != e[6] or not plain_strided(t):
+            return False
+        if id(t) in rec._input_ids or id(t) in pending.ids:
+            return False  # the slow path would reuse that input's value id
+        sid = _storage_id(t)
+        root = None
+        if sid is not None:
+            if exported_input(t, sid):
+                return False  # Note [Exported memory]: the slow path runs the op now
+            root = rec._storages.get(sid)
+            if root is None:
+                root = pending.sids.get(sid)
+        if root != e[7]:
+            return False
+        pending.items.append((e[1], t, sid))
+        pending.ids[id(t)] = e[1]  # the tensor is held by items while the node matches
+        if sid is not None:
+            pending.sids.setdefault(sid, e[1])
+        return True
+
+    @classmethod
+    def matcher(cls, nd: Any, pos: tuple, kw: tuple, outs: tuple, lift: Any) -> Any:
+        """Trace node ``nd``'s generated ``emit(rec, args, kwargs)`` (match.generate, with
+        this builder's checks and appending code)."""
+        return generate(nd, pos, kw, outs, lift, cls)
+
+    def add_inputs(self, pending: Pending) -> None:
+        """Make the real inputs one matched node queued (:meth:`first_use`) inputs of the
+        window, as :meth:`_input_vid` would have."""
+        H = self.H
+        for vid, t, sid in pending.items:
+            H[vid] = t
+            self._add_input(vid, t, sid)
+
+    @staticmethod
+    def append_source(src: Source, nd: Any, outs: tuple, lift: Any, kwvars: dict[str, str],
+                      has_first: bool, has_h: bool) -> list[str]:
+        """The matcher's code after its checks (Note [The builder writes its own fields]):
+        the matched inputs added, the node (with this call's lifted float) appended, its
+        handles made from the recorded specs and the window pointed at ``nd``. Returns the
+        outputs' local names (or expressions). An argument is ``a<i>`` or ``kwvars[name]``;
+        ``has_h``: the checks bound ``H``."""
+        w, const = src.line, src.const
+        src.ns.update(NODE=nd.node, ND=nd, make=_make, wref=weakref.ref, rebuild=_rebuild,
+                      perf_ns=time.perf_counter_ns)
+        if has_first:
+            w("    rec.add_inputs(P)")
+        w("    node = NODE")
+        if lift is not None:
+            lift_var = _var(lift, kwvars)
+            old = nd.node.args[lift] if type(lift) is int else dict(nd.node.kwargs)[lift]
+            w(f"    rec.floats.append({lift_var})")
+            if type(old) is float:
+                w(f"    if {lift_var} is not {const(old)} and ({lift_var} != {const(old)} or {lift_var} == 0.0):")
+            else:
+                w(f"    if {lift_var} != {const(old)} or 0.0 in {lift_var}:")
+            w(f"        node = rebuild(NODE, {lift!r}, {lift_var})")
+        if nd.depth == 0:
+            w("    rec.opened_ns = perf_ns()")
+        results = _handles_source(src, outs, kwvars, has_h)
+        w("    rec.nodes.append(node)")
+        w("    rec.at = ND")
+        w("    rec.next = ND.first")
+        return results
 
     def matched(self) -> int:
         """Nodes of the open window matched from a trace (0: not matching one)."""
@@ -301,10 +438,10 @@ class Recorder:
         del self._refs[mark:]
 
     def _record(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
-        flags = self._op_flags.get(func)
+        flags = self.seeder.flags.get(func)
         if flags is None:
-            flags = self._op_flags[func] = _op_flags(func)
-        by_value = flags & _BY_VALUE
+            flags = self.seeder.flags_of(func)
+        by_value = flags & BY_VALUE
         enc_list: list = []
         key_list: list = [func]
         self._encode(args, by_value, enc_list, key_list)
@@ -316,7 +453,7 @@ class Recorder:
                 self._encode((v,), by_value, e, key_list)
                 enc_kwargs[k] = e[0]
                 key_list.append(k)
-        default_dtype = flags & _FACTORY and enc_kwargs.get("dtype") is None
+        default_dtype = flags & FACTORY and enc_kwargs.get("dtype") is None
         if default_dtype:  # Note [Global state that kernels read], dispatch/kernel_state.py
             key_list.append(torch.get_default_dtype())
         key = tuple(key_list)
@@ -344,68 +481,9 @@ class Recorder:
 
     # -- seeding the memo ---------------------------------------------------------------
     def seed(self, func: Any, traits: OpTraits, args: tuple, kwargs: dict, out: Any) -> None:
-        """``func(*args, **kwargs)`` ran for real and returned ``out``: keep its output specs
-        for the memo key a capture of the same call would build (Note [Seeding the memo
-        from real runs], meta.py)."""
-        seedable = self._seedable.get(func)
-        if seedable is None:
-            seedable = self._seedable[func] = traits.kind is Kind.RECORD and \
-                isinstance(func, torch._ops.OpOverload) and not data_dependent(func)
-        if not seedable:
-            return
-        flags = self._op_flags.get(func)
-        if flags is None:
-            flags = self._op_flags[func] = _op_flags(func)
-        key_list: list = [func]
-        by_value = flags & _BY_VALUE
-        if not self._seed_key(args, by_value, key_list):
-            return
-        for k, v in kwargs.items():
-            if not self._seed_key((v,), by_value, key_list):
-                return
-            key_list.append(k)
-        if flags & _FACTORY and kwargs.get("dtype") is None:
-            key_list.append(torch.get_default_dtype())
-        if isinstance(out, _TensorBase):
-            outs, structure = (out,), "tensor"
-        elif type(out) is list or type(out) is tuple:
-            outs, structure = out, "list" if type(out) is list else "tuple"
-        elif out is None:
-            outs, structure = (), "none"
-        else:
-            return
-        specs = []
-        for t in outs:
-            if t is None:
-                specs.append(None)
-            elif not isinstance(t, _TensorBase) or t.layout != torch.strided or t.is_conj() \
-                    or t.is_neg() or t._is_zerotensor():
-                return
-            else:
-                specs.append(TensorSpec(tuple(t.shape), tuple(t.stride()), t.storage_offset(),
-                                        t.dtype, self.device))
-        self.memo.seed(tuple(key_list), MetaResult(tuple(specs), structure))
-
-    def _seed_key(self, args: Any, by_value: bool, key: list) -> bool:
-        """:meth:`_encode`'s key part for real arguments (False: not seedable)."""
-        for x in args:
-            tx = type(x)
-            if tx is LazyTensor or isinstance(x, _TensorBase):
-                if tx is LazyTensor:
-                    x = x._ae_real
-                    if x is None:
-                        return False
-                if x.layout != torch.strided or x.is_conj() or x.is_neg() or x._is_zerotensor():
-                    return False
-                key.append(self.memo.intern(TensorSpec.of(x)))
-            elif tx is list or tx is tuple:
-                sub: list = []
-                if not self._seed_key(x, by_value, sub):
-                    return False
-                key.append((tx, tuple(sub)))
-            else:
-                key.append(_leaf_key(x, tx, by_value))
-        return True
+        """``func(*args, **kwargs)`` ran for real and returned ``out``: seed the memo with
+        its output specs (:meth:`keys.MemoSeeder.seed`)."""
+        self.seeder.seed(func, traits, args, kwargs, out)
 
     def _check_devices(self, enc_args: tuple, enc_kwargs: dict) -> None:
         """Meta tensors hide device mismatches: find them as eager would (0-dim CPU
@@ -439,7 +517,7 @@ class Recorder:
                 outputs.append(None)
                 results.append(None)
                 continue
-            alias = ret_alias[i] if i < len(ret_alias) else (ret_alias[0] if ret_alias else None)
+            alias = returned_alias(ret_alias, i)
             if alias is not None and alias in traits.mutated_args:
                 obj = self._arg(args, kwargs, alias)
                 enc = enc_kwargs.get(alias) if isinstance(alias, str) else enc_args[alias]

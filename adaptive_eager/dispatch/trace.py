@@ -60,7 +60,7 @@ import torch
 
 from ..fusion.ir import OpNode, ValueRef, Window
 from ..fusion.signature import _freeze
-from .match import AGAIN, FIRST, HANDLE, SAME, Encoder, Made, Untraceable, generate, leaves
+from .match import AGAIN, FIRST, HANDLE, SAME, Encoder, Made, Untraceable, leaves
 from .optable import Kind, OpTraits
 
 _get_default_dtype = torch.get_default_dtype
@@ -242,7 +242,7 @@ class TraceBook:
 # time the mode tries it: a trace that never recurs costs its trie nodes only.
 def _lazy(nd: TNode, pos: tuple, kw: tuple, outs: tuple, lift: Any) -> Any:
     def emit(rec: Any, args: tuple, kwargs: dict) -> Any:
-        fn = nd.emit = generate(nd, pos, kw, outs, lift)
+        fn = nd.emit = rec.matcher(nd, pos, kw, outs, lift)
         return fn(rec, args, kwargs)
     return emit
 
