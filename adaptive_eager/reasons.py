@@ -1,6 +1,6 @@
 """Reasons: why the runtime flushed a window or ran an op eagerly, and what to change.
 
-A leaf module (it imports nothing): the names the runtime records, each with its advice.
+A leaf module (it imports nothing of the package): the names the runtime records, each with its advice.
 Flush reasons come from dispatch/ (mode, observe, lazy, opaque, dynamo) and session.py,
 fallback reasons from fusion/policy.py, fusion/partition.py and runtime/ (compile
 failures of a region). :func:`advice_for` is what the report and strict mode print.
@@ -14,6 +14,28 @@ Example::
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """One kind of fallback, a key of ``Counters.fallback_ops``: ``op`` (an op's name, or
+    "region" for a compiled region that runs eagerly) and ``reason`` (an ``R`` fallback
+    reason, or a region's failure kind). ``str()`` is the report's text.
+
+    Example::
+
+        >>> f = Fallback("aten::nonzero", R.DATA_DEPENDENT)
+        >>> str(f), f.op
+        ('aten::nonzero: data_dependent', 'aten::nonzero')
+    """
+
+    op: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.op}: {self.reason}"
 
 
 class R:
@@ -280,5 +302,5 @@ class StrictModeError(RuntimeError):
         return cls("\n".join(lines))
 
 
-__all__ = ["R", "COST_REASONS", "SYNC_OPS", "ROUTINE_REASONS", "STRICT_FALLBACKS", "StrictModeError", "ADVICE", "FALLBACK_ADVICE", "REGION_ADVICE", "advice_for",
+__all__ = ["R", "Fallback", "COST_REASONS", "SYNC_OPS", "ROUTINE_REASONS", "STRICT_FALLBACKS", "StrictModeError", "ADVICE", "FALLBACK_ADVICE", "REGION_ADVICE", "advice_for",
            "reason_key"]

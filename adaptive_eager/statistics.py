@@ -187,7 +187,7 @@ def snapshot(counters: Counters) -> Stats:
     fallback_counts: Counter = Counter()
     reasons: dict[str, list[str]] = {}
     for key, n in raw.pop("fallback_ops", {}).items():
-        op, _, reason = str(key).partition(": ")
+        op, reason = key.op, key.reason  # reasons.Fallback
         fallback_counts[op] += n
         if reason and reason not in reasons.setdefault(op, []):
             reasons[op].append(reason)

@@ -17,7 +17,7 @@ import torch
 import adaptive_eager as ae
 from adaptive_eager import session
 from adaptive_eager.runtime import register_backend
-from adaptive_eager.runtime.backends import ARTIFACT_BYTES, ArtifactCodec, _REGISTRY, _CODECS
+from adaptive_eager.runtime.backends import ARTIFACT_BYTES, ArtifactCodec, unregister_backend
 
 from helpers import assert_same
 
@@ -39,8 +39,7 @@ def _backend():
     session.clear_sessions()
     yield
     session.clear_sessions()
-    _REGISTRY.pop("pickled", None)
-    _CODECS.pop("pickled", None)
+    unregister_backend("pickled")
 
 
 def _step(x, w):
@@ -132,7 +131,8 @@ def test_artifact_failing_its_first_call_is_deleted(monkeypatch):
     def bad(*args):
         raise RuntimeError("stale artifact")
 
-    monkeypatch.setitem(_CODECS, "pickled", ArtifactCodec(lambda fn: None, lambda data: bad))
+    register_backend("pickled", _pickling_backend, debugging=True,
+                     codec=ArtifactCodec(lambda fn: None, lambda data: bad))
     _fresh_process_state()
     eager = [_step(*_inputs()) for _ in range(4)]
     outs, _ = _train(4)

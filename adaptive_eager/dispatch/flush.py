@@ -1,12 +1,12 @@
-"""Closing a window: the mode's flush, from sealing the window to binding its handles.
+"""Closing a window: the flush, from sealing the window to binding its handles.
 
-:class:`Flushing` is the half of :class:`~adaptive_eager.dispatch.mode.AdaptiveEagerMode`
-that runs the open window (the executor, or its recovery when that fails), feeds the
-verdict to the session's policy (runtime.adapt), binds the window's live handles to their
-values, learns the layouts only the kernel knows, and makes a trace of a window that
-recurs (Note [Recurring windows are matched, not recorded], trace.py). The mode owns the
-state it reads (mode.py sets it up): ``lock``, ``recorder``, ``executor``, ``counters``,
-``policy``, ``memo``, ``traces``, ``table``, ``bound`` and ``_strict``.
+A :class:`Flush` runs the open window (the executor, or its recovery when that fails),
+binds the window's live handles to their values, learns the layouts only the kernel
+knows, and makes a trace of a window that recurs (Note [Recurring windows are matched,
+not recorded], trace.py). Its collaborators are passed in (the mode makes it): the
+mode's lock, window builder, executor, counters, meta memo, traces, op table, bound
+handles and strictness. It returns the executor's verdict on the window; the mode
+feeds it to the session's policy (runtime.adapt), which is the mode's to own.
 
 Example::
 
@@ -19,15 +19,16 @@ Example::
     >>> with mode:
     ...     y = torch.ones(3) * 2
     ...     pending = len(mode.recorder)
-    ...     mode.flush(R.EXPLICIT_SYNC)
+    ...     verdict = mode.flusher.flush(R.EXPLICIT_SYNC)
     ...     after = len(mode.recorder)
-    >>> pending, after, mode.counters.windows
-    (2, 0, 1)
+    >>> pending, after, mode.counters.windows, verdict.ops
+    (2, 0, 1, 2)
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -35,24 +36,42 @@ import torch
 from .._logging import artifact_logger, warn_once
 from ..fusion.graph import storage_groups
 from ..reasons import ROUTINE_REASONS, StrictModeError
-from ..runtime.executor import Known
+from ..runtime import Counters, Executor
+from ..runtime.executor import FlushResult, Known, Verdict
 from ..runtime.recovery import finish
+from .builder import Sealed, WindowBuilder
 from .interrupts import critical
 from .lazy import LazyTensor, bind
-from .meta import KERNEL_LAYOUT_OPS
+from .meta import KERNEL_LAYOUT_OPS, MetaMemo
+from .optable import OpTable
+from .release import BoundHandles
 from .source import user_source
-from .trace import verify_key
+from .trace import TNode, TraceBook, verify_key
 
 log = logging.getLogger("adaptive_eager")
 _FLUSH_LOG = artifact_logger("ae_flushes")
 
 
-class Flushing:
-    """The mode's window-closing methods (see the module docstring); a base class of
-    AdaptiveEagerMode, with no state of its own."""
+class Flush:
+    """Closes one mode's windows (see the module docstring); made by the mode with its
+    collaborators."""
 
-    def flush(self, reason: str, source: str | None = None, targets: Any = None) -> None:
-        """Run the open window and bind its live handles. No-op when empty.
+    def __init__(self, *, lock: threading.RLock, builder: WindowBuilder, executor: Executor,
+                 counters: Counters, memo: MetaMemo, traces: TraceBook | None, table: OpTable,
+                 bound: BoundHandles, strict: bool):
+        self.lock = lock
+        self.builder = builder
+        self.executor = executor
+        self.counters = counters
+        self.memo = memo
+        self.traces = traces
+        self.table = table
+        self.bound = bound
+        self.strict = strict
+
+    def flush(self, reason: str, source: str | None = None, targets: Any = None) -> Verdict | None:
+        """Run the open window and bind its live handles; the executor's verdict on it
+        (None: nothing ran, or it failed and ran eagerly). No-op when empty.
 
         ``targets``: tensors the caller is about to read (and not write). When they
         are scalars needing a few nodes, only those run (Note [Partial flush]); plain
@@ -60,14 +79,14 @@ class Flushing:
         whole window, so windows start where the program syncs.
         """
         with self.lock:
-            rec = self.recorder
+            rec = self.builder
             if len(rec) == 0:
-                return
+                return None
             vids = None
             if targets is not None:
                 vids = [v for v in (rec.vid_of(t) for t in targets) if v is not None]
                 if not vids and not any(type(t) is LazyTensor for t in targets):
-                    return  # plain tensors no pending op touches: their values are current
+                    return None  # plain tensors no pending op touches: their values are current
             if source is None:
                 source = user_source(2)
             # Torch functions off: a flush's own tensor calls (reading requires_grad, the
@@ -75,59 +94,74 @@ class Flushing:
             # the window being sealed, would see nothing pending and park the mode mid-flush.
             # Entered only with work to do (the contexts cost ~3 µs).
             with torch._C.DisableTorchFunction(), critical():
-                self._flush_window(rec, reason, source, vids)
+                return self._flush_window(reason, source, vids)
 
-    def _flush_window(self, rec: Any, reason: str, source: str, vids: list | None) -> None:
+    def _flush_window(self, reason: str, source: str, vids: list | None) -> Verdict | None:
         """The flush's work, under the lock with torch functions off and interrupts held:
         seal the window (or the slice ``vids`` need), run it, bind its handles."""
-        if self._strict and reason not in ROUTINE_REASONS:
+        if self.strict and reason not in ROUTINE_REASONS:
             raise StrictModeError.at("sync", reason, source)  # nothing run: like eager's line
-        at = rec.at  # the trace node the window was matched to (trace.py), if any
-        if at is not None and not at.ends:
-            # Flushed where no recorded window ended: a divergence (it recurs? it
-            # becomes an ending of its own).
-            self.counters.trace_mismatches[f"flush ({reason}) at {source}"] += 1
-        sliced = None
-        if vids:
-            targets_key = tuple(vids)
-            if at is None or targets_key not in at.no_slice:
-                sliced = rec.take_slice(vids, reason, source)
-                if sliced is not None:
-                    at = None
-                elif at is not None:
-                    at.no_slice.add(targets_key)  # the same window: the same answer
-        failed = rec.failed  # values of earlier slices that failed (Note [A failed flush loses no work])
-        made, sids, floats = rec.made, rec._sids, rec.floats
-        if sliced is not None:
-            window, live = sliced
-        else:
-            window, live = rec.seal(reason, source)
-        known = self._known(at, window, floats) if at is not None else None
+        sealed, sliced = self._seal(reason, source, vids)
+        window, live, at = sealed.window, sealed.live, sealed.at
+        known = self._known(at, window, sealed.floats) if at is not None else None
         error = None
         try:
             self.counters.note_flush(reason, source)
             self.counters.windows += 1
             _FLUSH_LOG.debug("flush %s: %d ops at %s%s", reason, len(window), source,
-                             " (partial)" if sliced is not None else "")
-            if failed:
+                             " (partial)" if sliced else "")
+            if sealed.failed:
                 raise _EarlierFailure
-            if torch.autograd.profiler._is_profiler_enabled:
-                # The range's own ops only while profiling: they reach this mode.
-                with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
-                    result = self._run(window, known)
-            else:
-                result = self._run(window, known)
-            values = result.values
-            self.policy.note(result.verdict)  # the session's policy decides (runtime.adapt)
-            errors: Any = _NO_ERRORS
+            result = self._run(window, known, reason)
+            values, errors = result.values, _NO_ERRORS
         except BaseException as e:  # noqa: BLE001 - Note [A failed flush loses no work]
-            values, errors, error = self._finish(window, live, e, failed)
+            values, errors, error = self._finish(window, live, e, sealed.failed)
             result = None
         self.counters.ops_executed += len(window)
         if self.counters.sources_wanted:
             self._want_sources()
-        if sliced is None:
+        if not sliced:
             self.bound.remember(live)  # Note [Releasing bound handles] (release.py)
+        if self._bind(window, live, values, errors, error):
+            self.forget_traces()  # they hold what meta said
+        elif result is not None and not sliced and known is None:
+            self._offer(sealed, result)
+        if sliced:
+            self.builder.adopt(values, errors)
+        if error is not None:
+            raise error
+        return result.verdict if result is not None else None
+
+    def _seal(self, reason: str, source: str, vids: list | None) -> tuple[Sealed, bool]:
+        """Close the window, or only the slice ``vids`` need (Note [Partial flush]);
+        whether it is a slice."""
+        rec = self.builder
+        at = rec.at  # the trace node the window was matched to (trace.py), if any
+        if at is not None and not at.ends:
+            # Flushed where no recorded window ended: a divergence (it recurs? it
+            # becomes an ending of its own).
+            self.counters.trace_mismatches[f"flush ({reason}) at {source}"] += 1
+        if vids:
+            targets_key = tuple(vids)
+            if at is None or targets_key not in at.no_slice:
+                sliced = rec.take_slice(vids, reason, source)
+                if sliced is not None:
+                    return sliced, True
+                if at is not None:
+                    at.no_slice.add(targets_key)  # the same window: the same answer
+        return rec.seal(reason, source), False
+
+    def _run(self, window: Any, known: Known | None, reason: str) -> FlushResult:
+        if torch.autograd.profiler._is_profiler_enabled:
+            # The range's own ops only while profiling: they reach this mode.
+            with torch.profiler.record_function(f"adaptive_eager.flush[{reason}]"):
+                return self.executor.run(window, known)
+        return self.executor.run(window, known)
+
+    def _bind(self, window: Any, live: list, values: Any, errors: Any,
+              error: BaseException | None) -> bool:
+        """Bind each live handle to its value (or its error); whether a layout was learned
+        that traces may hold otherwise (Note [Layouts only the kernel knows], meta.py)."""
         learned = False
         for h in live:
             vid = h._ae_vid
@@ -145,25 +179,22 @@ class Flushing:
                     op = next((n.target for n in window.nodes if vid in n.outputs), None)
                     learned = learned or op not in KERNEL_LAYOUT_OPS
                     self.memo.learn_layout(op)
-        if learned:
-            self._forget_traces()  # they hold what meta said
-        elif result is not None and result.recurred and sliced is None and not failed \
-                and known is None and self.traces is not None:
-            # Note [Recurring windows are matched, not recorded]: offered from its second sighting, a trace from its third
-            if at is not None:
-                made = [nd.made for nd in at.path()]
-            if made is not None and result.key is not None and result.groups is not None:
-                self.traces.add(window, made, sids, result.key, result.groups)
-        if sliced is not None:
-            rec.adopt(values, errors)
-        if error is not None:
-            raise error
+        return learned
 
-    def _run(self, window: Any, known: Known | None) -> Any:
-        # Executors that know no traces take the window alone (the contract before keys).
-        return self.executor.run(window) if known is None else self.executor.run(window, known)
+    def _offer(self, sealed: Sealed, result: FlushResult) -> None:
+        """A window that ran whole and recurred is offered to the traces (Note [Recurring
+        windows are matched, not recorded]: offered from its second sighting, a trace from
+        its third)."""
+        seen = result.sighting  # None: the executor does not key windows
+        if seen is None or not seen.recurred or self.traces is None:
+            return
+        made = sealed.made
+        if sealed.at is not None:
+            made = [nd.made for nd in sealed.at.path()]
+        if made is not None:
+            self.traces.add(sealed.window, made, sealed.sids, seen.key, seen.groups)
 
-    def _known(self, at: Any, window: Any, floats: list) -> Known | None:
+    def _known(self, at: TNode, window: Any, floats: list) -> Known | None:
         """What the trace ending at ``at`` knows of ``window``: its key, if its storage
         groups and live outputs are a recorded ending's (invariant 6)."""
         if not at.ends:
@@ -177,11 +208,11 @@ class Flushing:
                 return Known(end.key, floats, groups)
         return None
 
-    def _forget_traces(self) -> None:
+    def forget_traces(self) -> None:
         """What traces recorded may no longer be what capture gives: forget them all (the
         window being matched, if any, continues the slow way)."""
         if self.traces is not None:
-            self.recorder.leave()
+            self.builder.leave()
             self.traces.clear()
 
     def _finish(self, window: Any, live: list, error: BaseException,
@@ -204,19 +235,6 @@ class Flushing:
                       type(cause).__name__, cause)
         return done.values, done.errors, done.error
 
-    def materialize(self, handle: LazyTensor, reason: str) -> torch.Tensor:
-        """Owner protocol: flush so that ``handle`` is bound, and return its tensor."""
-        self.flush(reason, targets=(handle,))
-        real = handle._ae_real
-        if real is None:
-            if handle._ae_error is None:
-                # Not bound by the flush and no error: its window is gone (a bug, or a
-                # handle of another mode's window). Say so rather than ask again forever.
-                handle._ae_error = RuntimeError(
-                    "adaptive_eager: this tensor's window was flushed without it (internal error)")
-            return handle._ae_materialize(reason)  # raises with the recorded error
-        return real
-
     def _want_sources(self) -> None:
         wanted = self.counters.sources_wanted
         while wanted:
@@ -226,7 +244,7 @@ class Flushing:
                 break
             if hasattr(func, "_schema"):
                 self.table.want_source(func)
-                self._forget_traces()  # their nodes of func would not note it
+                self.forget_traces()  # their nodes of func would not note it
 
 _NO_ERRORS: dict = {}
 
@@ -258,4 +276,4 @@ def _disagrees(h: LazyTensor, real: torch.Tensor) -> None:
 
     restride(h)
 
-__all__ = ["Flushing"]
+__all__ = ["Flush"]

@@ -3,7 +3,8 @@
 ``__torch_dispatch__`` is a short router: it classifies the op (OpTable) and
 calls one named handler. The mode owns the state (the open window, counters,
 executor); LazyTensor handles are thin and point back to it. Closing a window (the
-flush, binding its handles) is the mode's other half, ``Flushing`` (flush.py), and
+flush, binding its handles) is a :class:`~adaptive_eager.dispatch.flush.Flush` the mode
+makes with its collaborators (flush.py), and
 turning bound handles into plain tensors is ``BoundHandles``'s (release.py).
 
 Companion: :class:`~adaptive_eager.dispatch.observe.Observer`, which sees Python-level
@@ -40,7 +41,7 @@ from ..runtime import Counters, DeferPolicy, Executor
 from ..runtime.memory import window_budget
 from .dynamo import dynamo_aware
 from .exported import Exported
-from .flush import Flushing
+from .flush import Flush
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, unwrap_all
 from .lazy import has_unbound as _has_unbound
@@ -83,7 +84,7 @@ def _device_of(args: tuple, kwargs: dict) -> torch.device | None:
 
 
 @dynamo_aware  # Note [Dynamo's wrapper only while Dynamo runs] (dynamo.py)
-class AdaptiveEagerMode(Flushing, TorchDispatchMode):
+class AdaptiveEagerMode(TorchDispatchMode):
     """Defers ops on ``options.device`` into windows; flushes at observation points.
 
     One instance serves one runtime session; its state is guarded by a lock so a
@@ -121,6 +122,9 @@ class AdaptiveEagerMode(Flushing, TorchDispatchMode):
         self.traces = traces if options.fast_path else None
         self.recorder = Recorder(torch.device(options.device), self.memo, owner=self,
                                  book=self.traces)
+        self.flusher = Flush(lock=self.lock, builder=self.recorder, executor=executor,
+                             counters=counters, memo=self.memo, traces=self.traces,
+                             table=self.table, bound=self.bound, strict=self._strict)
         self._handlers = {
             Kind.RECORD: self._on_record,
             Kind.VIEW: self._on_view,
@@ -129,6 +133,28 @@ class AdaptiveEagerMode(Flushing, TorchDispatchMode):
             Kind.COLLECTIVE: self._on_sync,
             Kind.RANDOM: self._on_random,
         }
+
+    # -- flushing -------------------------------------------------------------------
+    def flush(self, reason: str, source: str | None = None, targets: Any = None) -> None:
+        """Run the open window and bind its live handles (:meth:`Flush.flush
+        <adaptive_eager.dispatch.flush.Flush.flush>`); its verdict goes to the policy."""
+        with self.lock:
+            verdict = self.flusher.flush(reason, source, targets)
+            if verdict is not None:
+                self.policy.note(verdict)  # the session's policy decides (runtime.adapt)
+
+    def materialize(self, handle: LazyTensor, reason: str) -> torch.Tensor:
+        """Owner protocol: flush so that ``handle`` is bound, and return its tensor."""
+        self.flush(reason, targets=(handle,))
+        real = handle._ae_real
+        if real is None:
+            if handle._ae_error is None:
+                # Not bound by the flush and no error: its window is gone (a bug, or a
+                # handle of another mode's window). Say so rather than ask again forever.
+                handle._ae_error = RuntimeError(
+                    "adaptive_eager: this tensor's window was flushed without it (internal error)")
+            return handle._ae_materialize(reason)  # raises with the recorded error
+        return real
 
     # -- routing --------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
@@ -271,8 +297,8 @@ class AdaptiveEagerMode(Flushing, TorchDispatchMode):
         source = self.counters.fallback_sites.setdefault(func.name(), user_source(3))
         self.table.want_source(func, False)
         if self._strict:
-            reasons = [k.partition(": ")[2] for k in self.counters.fallback_ops
-                       if k.startswith(func.name() + ": ")]
+            name = func.name()
+            reasons = [k.reason for k in self.counters.fallback_ops if k.op == name]
             bad = [r for r in reasons if r in STRICT_FALLBACKS]
             if bad:  # its first window ran already: raise where it is issued again
                 raise StrictModeError.at("fallback", bad[0], source, func.name())
@@ -385,7 +411,7 @@ class AdaptiveEagerMode(Flushing, TorchDispatchMode):
         out = self._run_real(func, args, kwargs)
         log.debug("no meta kernel for %s (%s); it syncs from now on", func, failure)
         self.table.mark_no_meta(func)
-        self._forget_traces()  # a trace would record what now syncs
+        self.flusher.forget_traces()  # a trace would record what now syncs
         self._fallback(func, R.NO_META_KERNEL)
         return out
 

@@ -100,12 +100,6 @@ def _eager(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
     return gm
 
 
-# Inductor artifacts made by the worker are saved (standalone_compile's binary format);
-# those compiled in-process (the worker unavailable) carry no bytes and are not cached.
-# aot_eager and eager make Python callables over live graphs: nothing to save.
-_CODECS: dict[str, ArtifactCodec] = {"inductor": ArtifactCodec(_dump_attached, _load_inductor)}
-
-
 def _neuron(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
     if importlib.util.find_spec("torch_neuronx") is None:
         raise BackendUnavailable(
@@ -117,23 +111,62 @@ def _neuron(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
     return torch.compile(gm, backend="neuron", fullgraph=True, dynamic=False)
 
 
+@dataclass(frozen=True)
+class Backend:
+    """One compile backend, as data.
+
+    ``compile``: ``(GraphModule, example_inputs) -> callable``; ``support``: the ops it
+    can compile (the partitioner's policy); ``debugging``: it exists to check the
+    pipeline, and is never demoted for speed; ``codec``: how its artifacts go to the disk
+    cache (None: never cached); ``native_devices``: the device types it compiles for
+    itself, which are not adapted to CPU views (Note [Compiling for the emulated neuron
+    device]).
+
+    Example::
+
+        >>> b = backend_entry("eager")
+        >>> b.name, b.debugging, b.codec is None
+        ('eager', True, True)
+    """
+
+    name: str
+    compile: CompileFn
+    support: OpSupport = OpSupport()
+    debugging: bool = False
+    codec: ArtifactCodec | None = None
+    native_devices: frozenset[str] = frozenset()
+
+
 # Note [Backend registry]
-# The one piece of module-level mutable state here: a documented registry, filled
-# below with the built-ins and extended with register_backend(). Each entry is
-# (compile function, support data, debugging?). Debugging backends are never demoted
-# for speed (they exist to check the pipeline, not to be fast).
-_REGISTRY: dict[str, tuple[CompileFn, OpSupport, bool]] = {
+# The one piece of module-level mutable state here: a documented registry of Backend
+# entries, filled below with the built-ins and extended with register_backend().
+# Inductor artifacts made by the worker are saved (standalone_compile's binary format);
+# those compiled in-process (the worker unavailable) carry no bytes and are not cached.
+# aot_eager and eager make Python callables over live graphs: nothing to save.
+_REGISTRY: dict[str, Backend] = {
     # Note [Factories outside Inductor regions]
     # Inductor turns a tensor made from nothing (arange(256) feeding an embedding) into
     # a lifted constant that its compiled code takes as an extra input; an artifact saved
     # by standalone_compile and loaded back (the compile worker's path) forgets to pass
     # it, and its first call fails ("not enough values to unpack (expected 8, got 7)",
     # torch 2.13; the in-memory artifact works). Such ops run eagerly before the region.
-    "inductor": (_inductor, OpSupport(factories=False), False),
-    "aot_eager": (_aot_eager, OpSupport(), True),
-    "eager": (_eager, OpSupport(), True),
-    "neuron": (_neuron, OpSupport(), False),
+    "inductor": Backend("inductor", _inductor, OpSupport(factories=False),
+                        codec=ArtifactCodec(_dump_attached, _load_inductor)),
+    "aot_eager": Backend("aot_eager", _aot_eager, debugging=True),
+    "eager": Backend("eager", _eager, debugging=True),
+    "neuron": Backend("neuron", _neuron, native_devices=frozenset({"neuron"})),
 }
+
+
+def backend_entry(spec: str | CompileFn) -> Backend:
+    """The :class:`Backend` a name or callable stands for (a callable: a backend of its
+    own, with default support, no codec)."""
+    if callable(spec):
+        return Backend(getattr(spec, "__name__", "callable"), spec)
+    try:
+        return _REGISTRY[spec]
+    except KeyError:
+        raise ValueError(f"unknown adaptive_eager backend {spec!r}; known: {', '.join(_REGISTRY)}") from None
 
 
 def _cpu_data_device(device_type: str) -> bool:
@@ -154,9 +187,12 @@ def _cpu_data_device(device_type: str) -> bool:
 # (in-place writes land in neuron memory), outputs are viewed back as neuron tensors,
 # and the whole call counts as one kernel launch (neuron_sim.single_launch). On a real
 # Trainium host (torch_neuronx) the "neuron" backend compiles the graph itself.
-def for_device(compile_fn: CompileFn, device_type: str) -> CompileFn:
-    """``compile_fn`` adapted to the device the window runs on (see the Note above)."""
-    if compile_fn is _neuron or not _cpu_data_device(device_type):
+def for_device(spec: str | CompileFn, device_type: str) -> CompileFn:
+    """The compile function of backend ``spec`` adapted to the device the window runs on
+    (see the Note above)."""
+    backend = backend_entry(spec)
+    compile_fn = backend.compile
+    if device_type in backend.native_devices or not _cpu_data_device(device_type):
         return compile_fn
 
     def compile_on_cpu(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
@@ -200,10 +236,11 @@ def artifact_codec(spec: str | CompileFn, device_type: str) -> ArtifactCodec | N
         >>> artifact_codec("eager", "cpu") is None, artifact_codec("inductor", "cpu") is not None
         (True, True)
     """
-    codec = _CODECS.get(spec) if isinstance(spec, str) else None
+    backend = _REGISTRY.get(spec) if isinstance(spec, str) else None
+    codec = backend.codec if backend is not None else None
     if codec is None or device_type == "cpu":
         return codec
-    if _REGISTRY[spec][0] is not _neuron and _cpu_data_device(device_type):
+    if device_type not in backend.native_devices and _cpu_data_device(device_type):
         # Note [Compiling for the emulated neuron device]: a CPU artifact on CPU views
         return ArtifactCodec(codec.dump, lambda data: _on_cpu_views(codec.load(data)))
     return None
@@ -226,11 +263,21 @@ def register_backend(name: str, compile_fn: CompileFn, support: OpSupport | None
         >>> config.resolve(backend="my_eager").backend
         'my_eager'
     """
-    _REGISTRY[name] = (compile_fn, support or OpSupport(), debugging)
-    if codec is None:
-        _CODECS.pop(name, None)
-    else:
-        _CODECS[name] = codec
+    _REGISTRY[name] = Backend(name, compile_fn, support or OpSupport(), debugging, codec)
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a backend :func:`register_backend` added (no-op when unknown).
+
+    Example::
+
+        >>> register_backend("tmp_eager", lambda gm, example_inputs: gm)
+        >>> unregister_backend("tmp_eager"); "tmp_eager" in backend_names()
+        False
+    """
+    if name in BUILTIN_BACKENDS:
+        raise ValueError(f"backend {name!r} is built in and cannot be removed")
+    _REGISTRY.pop(name, None)
 
 
 def layout_decompositions(spec: str | CompileFn) -> Callable[[], Any] | None:
@@ -254,7 +301,8 @@ def layout_decompositions(spec: str | CompileFn) -> Callable[[], Any] | None:
             return select_decomp_table()
 
         return inductor_table
-    fn = spec if callable(spec) else (_REGISTRY.get(spec) or (None,))[0]
+    entry = _REGISTRY.get(spec) if isinstance(spec, str) else None
+    fn = spec if callable(spec) else (entry.compile if entry is not None else None)
     table = getattr(fn, "decompositions", None)
     if table is None:
         return None
@@ -268,25 +316,21 @@ def backend_names() -> list[str]:
 
 def get_backend(spec: str | CompileFn) -> CompileFn:
     """The compile function for a backend name or callable."""
-    if callable(spec):
-        return spec
-    try:
-        return _REGISTRY[spec][0]
-    except KeyError:
-        raise ValueError(f"unknown adaptive_eager backend {spec!r}; known: {', '.join(_REGISTRY)}") from None
+    return spec if callable(spec) else backend_entry(spec).compile
 
 
 def backend_support(spec: str | CompileFn) -> OpSupport:
     """What the backend can compile, as data (default: every ATen op except the usual)."""
     entry = _REGISTRY.get(spec) if isinstance(spec, str) else None
-    return entry[1] if entry else OpSupport()
+    return entry.support if entry else OpSupport()
 
 
 def is_debugging(spec: str | CompileFn) -> bool:
+    """Whether ``spec`` is a debugging backend (never demoted for speed)."""
     entry = _REGISTRY.get(spec) if isinstance(spec, str) else None
-    return bool(entry and entry[2])
+    return bool(entry and entry.debugging)
 
 
-__all__ = ["CompileFn", "BackendUnavailable", "ArtifactCodec", "ARTIFACT_BYTES", "artifact_codec",
-           "register_backend", "backend_names", "get_backend", "for_device",
+__all__ = ["CompileFn", "Backend", "BackendUnavailable", "ArtifactCodec", "ARTIFACT_BYTES", "artifact_codec",
+           "backend_entry", "register_backend", "unregister_backend", "backend_names", "get_backend", "for_device",
            "backend_support", "is_debugging", "layout_decompositions"]

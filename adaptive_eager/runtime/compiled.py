@@ -56,7 +56,7 @@ from ..fusion.partition import Partition, Region, partition
 from ..fusion.policy import DefaultCost, SupportPolicy
 from ..fusion.scalars import lift_rule, lifted_dtype, scalar_dtype
 from ..fusion.signature import miss_cause, outline, window_key
-from .backends import backend_support, for_device, get_backend, is_debugging, layout_decompositions
+from .backends import backend_support, for_device, is_debugging, layout_decompositions
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
 from .checks import indices_in_range
 from .first_call import CompiledCodeWroteInput, first_call
@@ -65,7 +65,7 @@ from .compiler import CompileService
 from .region_store import open_store
 from .counters import Counters
 from .memory import window_budget
-from .executor import FlushResult, Known, Verdict, replay_guard, run_nodes
+from .executor import Executor, FlushResult, Known, Sighting, Verdict, replay_guard, run_nodes
 from .replay import EagerReplay
 from ..reasons import COST_REASONS as _COST_REASONS
 from ..reasons import R
@@ -133,7 +133,7 @@ def _profiling() -> bool:
 # (Note [Compile in a subprocess]); the slowdown while a compile runs is in the README.
 
 
-class CompiledExecutor:
+class CompiledExecutor(Executor):
     """Executor (see ``runtime.executor``) that compiles hot regions of windows."""
 
     def __init__(self, options: Any, counters: Counters, support: SupportPolicy | None = None,
@@ -143,7 +143,7 @@ class CompiledExecutor:
         self.support = support or backend_support(options.backend)
         self.cost = cost or DefaultCost(min_work=options.min_region_work)
         self.cache = RegionCache(options.cache_size, counters)
-        self.compiler = CompileService(for_device(get_backend(options.backend), options.device), counters,
+        self.compiler = CompileService(for_device(options.backend, options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel,
                                        layout_decompositions(options.backend), open_store(options))
         self.demote = not is_debugging(options.backend)
@@ -219,7 +219,8 @@ class CompiledExecutor:
         ran_compiled = self.counters.compiled_calls > compiled_before
         verdict = judge(history, n_ops, worth, ran_compiled, compiling, t1, window.opened_ns,
                         self.options.async_compile, t1 - t0)
-        return (FlushResult({vid: env[vid] for vid in window.outputs}, verdict, key, recurred, groups),
+        return (FlushResult({vid: env[vid] for vid in window.outputs}, verdict,
+                            Sighting(key, recurred, groups)),
                 history.eager_ns if ran_compiled else None)
 
     def close(self) -> None:
@@ -248,7 +249,7 @@ class CompiledExecutor:
         reshaped, grew = self.windows.reshaped(ops, sizes)
         return FlushResult(values, Verdict(len(window.nodes), novel=True, reshaped=reshaped, grew=grew,
                                            eager_ns=eager_ns, capture_ns=capture_ns),
-                           key, recurred, groups)
+                           Sighting(key, recurred, groups))
 
     def _replay_timed(self, window: Window) -> tuple[dict[int, torch.Tensor], int | None, int]:
         """Run every node eagerly: (outputs, capture time or None, eager time), in ns."""
@@ -272,7 +273,7 @@ class CompiledExecutor:
         values, capture_ns, ran_ns = self._replay_timed(window)
         history.timed(ran_ns, capture_ns if history.capture_ns is not None else None)
         return FlushResult(values, Verdict(len(window.nodes), eager_ns=ran_ns, capture_ns=capture_ns),
-                           key, True, groups)
+                           Sighting(key, True, groups))
 
     # -- planning -------------------------------------------------------------------
     def _plan(self, window: Window, groups: Mapping[int, int]) -> Plan:

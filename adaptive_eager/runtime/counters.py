@@ -21,6 +21,8 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..reasons import Fallback
+
 
 # Phase changes kept in full (Note [Every cache is bounded], session.py); later ones are
 # only counted.
@@ -85,7 +87,7 @@ class Counters:
     flushes: Counter = field(default_factory=Counter)       # reason -> count
     sync_sites: Counter = field(default_factory=Counter)    # user source line -> count
     sync_site_reasons: Counter = field(default_factory=Counter)  # (line, reason) -> count
-    fallback_ops: Counter = field(default_factory=Counter)  # "op: reason" -> count
+    fallback_ops: Counter = field(default_factory=Counter)  # reasons.Fallback(op, reason) -> count
     fallback_sites: dict = field(default_factory=dict)     # op -> the user's line first seen
     sources_wanted: dict = field(default_factory=dict)     # op target -> op, for the mode
     regions_compiled: int = 0
@@ -161,7 +163,7 @@ class Counters:
                       target: object = None) -> None:
         """Count a fallback of ``op``; ``site``: the program's line, if known here. Without
         one, ``target`` (the op) asks the mode for the line of its next recording."""
-        self.fallback_ops[f"{op}: {reason}"] += 1
+        self.fallback_ops[Fallback(op, reason)] += 1
         if op not in self.fallback_sites:
             if site is not None:
                 self.fallback_sites[op] = site

@@ -1,15 +1,17 @@
 """Executors: how a flushed window is turned into real tensors.
 
-The contract (:class:`Executor`): ``run`` takes a :class:`~adaptive_eager.fusion.ir.Window`
-and returns a :class:`FlushResult`: ``values``, ``{value id: real tensor}`` for every id in
-``window.outputs``, having applied every in-place update of the window's real inputs, and
-a :class:`Verdict`, the facts about the window that the pass-through policy weighs
-(``runtime.adapt``); an executor never steers the policy itself. An executor that keys
-windows (the compiled one) also returns the window's key and whether it had seen it
-before, and accepts ``known``: the key and lifted floats of a window whose capture
-matched a recorded trace (dispatch/trace.py), so that it need not derive them again
-(Note [Keys hash once], fusion/signature.py). ``close`` releases what
-it holds (compile threads). While it runs, it keeps
+The contract (:class:`Executor`, one signature for every executor): ``run(window, known)``
+takes a :class:`~adaptive_eager.fusion.ir.Window` and, when its capture matched a
+recorded trace (dispatch/trace.py), what that trace knows (:class:`Known`: its key,
+lifted floats and storage groups, so that an executor that keys windows need not derive
+them again, Note [Keys hash once], fusion/signature.py; None otherwise). It returns a
+:class:`FlushResult`: ``values``, ``{value id: real tensor}`` for every id in
+``window.outputs``, having applied every in-place update of the window's real inputs; a
+:class:`Verdict`, the facts about the window that the pass-through policy weighs
+(``runtime.adapt``; an executor never steers the policy itself); and, from an executor
+that keys windows (the compiled one), a :class:`Sighting` (the key, whether it had been
+seen, the storage groups it was made with), from which recurring windows become traces;
+None from one that does not. ``close`` releases what it holds (compile threads). While it runs, it keeps
 ``window.progress`` (its env from ``progress.start``, the nodes done), so that a run
 that fails part-way can be finished by ``runtime.recovery``. :class:`EagerExecutor`
 replays the window op by op; the compiled executor (``runtime.compiled``) runs
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Protocol
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -144,20 +146,26 @@ class Verdict:
 
 
 @dataclass(frozen=True, slots=True)
-class FlushResult:
-    """``Executor.run``'s answer: the live values, and the verdict on the window.
+class Sighting:
+    """How an executor that keys windows saw one: ``key``, the window's key (a
+    ``fusion.signature.Key``); ``recurred``, that key had been seen before this run;
+    ``groups``, the storage groups of its inputs the key was made with
+    (``fusion.graph.storage_groups``, taken before the run: a run frees the inputs it
+    owns, Window.start_run)."""
 
-    ``key``: the window's key (a ``fusion.signature.Key``) when the executor keys windows,
-    else None; ``recurred``: that key had been seen before this run; ``groups``: the
-    storage groups of its inputs the key was made with (``fusion.graph.storage_groups``,
-    taken before the run: a run frees the inputs it owns, Window.start_run).
-    """
+    key: Any
+    recurred: bool
+    groups: Mapping[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    """``Executor.run``'s answer: the live values, the verdict on the window, and how the
+    executor saw it (:class:`Sighting`; None from an executor that does not key windows)."""
 
     values: Mapping[int, torch.Tensor]
     verdict: Verdict
-    key: Any = None
-    recurred: bool = False
-    groups: Mapping[int, int] | None = None
+    sighting: Sighting | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,21 +178,20 @@ class Known:
     groups: Mapping[int, int]
 
 
-class Executor(Protocol):
-    """Runs windows; see the module docstring for the contract."""
+class Executor:
+    """Runs windows; see the module docstring for the contract. Executors subclass it."""
 
     def run(self, window: Window, known: Known | None = None) -> FlushResult:
-        """Run ``window``: its live values and the verdict on it. ``known``: its key,
-        floats and storage groups, when a matched trace has them (executors that do not
-        key windows ignore it)."""
-        ...
+        """Run ``window``: its live values, the verdict on it and, when the executor keys
+        windows, its sighting. ``known``: its key, floats and storage groups, when a
+        matched trace has them (executors that do not key windows ignore it)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Release what the executor holds (compile threads); it may not run again."""
-        ...
 
 
-class EagerExecutor:
+class EagerExecutor(Executor):
     """Replays a window op by op, as eager would have run it.
 
     Each value is dropped after its last use (Note [Replay frees at last use],
@@ -198,5 +205,5 @@ class EagerExecutor:
         pass
 
 
-__all__ = ["Executor", "EagerExecutor", "FlushResult", "Known", "Verdict", "replay_guard", "run_node",
+__all__ = ["Executor", "EagerExecutor", "FlushResult", "Known", "Sighting", "Verdict", "replay_guard", "run_node",
            "run_nodes", "run_window"]
