@@ -8,7 +8,7 @@ read through the alias (``arr = w.numpy(); w.add_(1); arr[0]``), and a deferred 
 would see a write made through it (``arr[:] = 0``) too early. Such a storage is
 remembered here at export time (the observers that flush before those calls see it
 happen), and every op that touches it runs at once instead of being recorded
-(recorder ``_input_vid`` raises :class:`Exported`; the window is flushed first when it
+(``WindowBuilder.add_input`` raises :class:`Exported`; the window is flushed first when it
 touches the op's other tensors). The check costs a dict lookup when a real tensor
 first enters a window, nothing per op.
 

@@ -20,7 +20,7 @@ Invariants (the capture study, ../shared/reference/capture-study/README.md):
 1. a node matches only where the slow path would record exactly it (above; floats by bits,
    ints and bools by type; factories reading the default dtype check it);
 2. the recorder is always in the slow path's state: a mismatch continues on the slow path
-   from that op (``Recorder.leave`` restores its value tables, no replay);
+   from that op (``WindowBuilder.leave`` restores its value tables, no replay);
 3. the trace holds no strong reference to a handle (weak references, as the recorder);
 4. random, sync, metadata and device-crossing ops are never matched at the top of the
    dispatch (``TNode.direct``): they take the mode's router, which matches the node it
@@ -68,7 +68,7 @@ _get_default_dtype = torch.get_default_dtype
 
 class Tables:
     """The recorder's value tables for the values of one path: ValueRefs, specs, and the
-    memo's interned spec ids (Recorder._refs / specs / _sids)."""
+    memo's interned spec ids (the builder's ``_refs`` / ``specs`` / ``_sids``)."""
 
     __slots__ = ("refs", "specs", "sids")
 

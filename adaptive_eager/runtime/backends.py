@@ -250,8 +250,10 @@ assert tuple(_REGISTRY) == BUILTIN_BACKENDS  # config validates names against th
 
 
 def register_backend(name: str, compile_fn: CompileFn, support: OpSupport | None = None,
-                     debugging: bool = False, codec: ArtifactCodec | None = None) -> None:
+                     debugging: bool = False, codec: ArtifactCodec | None = None,
+                     native_devices: frozenset[str] | set[str] = frozenset()) -> None:
     """Add (or replace) a named backend; options accept ``backend=name`` from now on.
+    ``native_devices``: device types it compiles for itself (:class:`Backend`).
 
     ``codec``: how its artifacts are saved to the disk cache and loaded back
     (:class:`ArtifactCodec`); without one, its regions compile in every process.
@@ -263,7 +265,8 @@ def register_backend(name: str, compile_fn: CompileFn, support: OpSupport | None
         >>> config.resolve(backend="my_eager").backend
         'my_eager'
     """
-    _REGISTRY[name] = Backend(name, compile_fn, support or OpSupport(), debugging, codec)
+    _REGISTRY[name] = Backend(name, compile_fn, support or OpSupport(), debugging, codec,
+                              frozenset(native_devices))
 
 
 def unregister_backend(name: str) -> None:
