@@ -70,11 +70,11 @@ def test_keyboard_interrupt_during_flush(monkeypatch):
     real_run = executor.run
     calls = {"n": 0}
 
-    def interrupted(window):
+    def interrupted(window, known):  # Executor.run's one form
         calls["n"] += 1
         if calls["n"] == 1:
             raise KeyboardInterrupt
-        return real_run(window)
+        return real_run(window, known)
 
     monkeypatch.setattr(executor, "run", interrupted)
     with pytest.raises(KeyboardInterrupt):
