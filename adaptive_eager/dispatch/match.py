@@ -38,7 +38,7 @@ import torch
 
 from ..fusion.ir import OpNode, ValueRef, Window
 from ..fusion.scalars import lift_rule
-from ..fusion.signature import _freeze
+from ..fusion.signature import freeze
 from .lazy import LazyTensor
 from .optable import OpTraits
 
@@ -162,7 +162,7 @@ class Encoder:
             return (HANDLE, v)
         if (t is list or t is tuple) and any(type(b) in (ValueRef, list, tuple) for b in a):
             return (NESTED, t, tuple(self.arg(b, "") for b in a))
-        exact = _freeze(a)
+        exact = freeze(a)
         if t is list and schema_type.startswith(_INT_LISTS):
             return (CONST, t, a, exact, True)  # boxed ints (bools): == is exact
         return (CONST, t, a, exact)
@@ -248,7 +248,7 @@ def generate(nd: Any, pos: tuple, kw: tuple, outs: tuple, lift: Any, builder: Bu
     ``made``, ``depth`` and ``func`` are read). Every check comes before the first side
     effect, so a MISS leaves the recorder as it was; the side effects are ``builder``'s
     code (``builder.append_source``)."""
-    src = Source({"MISS": MISS, "LT": LazyTensor, "same": _same, "freeze": _freeze,
+    src = Source({"MISS": MISS, "LT": LazyTensor, "same": _same, "freeze": freeze,
                   "pack": _F64.pack, "all_floats": _all_floats, "default_dtype": _get_default_dtype,
                   "first": builder.first_use, "Pending": builder.pending})
     src.line("def emit(rec, args, kwargs):")

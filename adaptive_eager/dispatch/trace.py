@@ -59,7 +59,7 @@ from typing import Any
 import torch
 
 from ..fusion.ir import OpNode, ValueRef, Window
-from ..fusion.signature import _freeze
+from ..fusion.signature import freeze
 from .match import AGAIN, FIRST, HANDLE, SAME, Encoder, Made, Untraceable, leaves
 from .optable import Kind, OpTraits
 
@@ -271,7 +271,7 @@ def verify_key(window: Window, groups: dict, key: Any, floats: list) -> None:
     from ..fusion.signature import window_key  # noqa: PLC0415 - debugging only
 
     k, f = window_key(window, groups)
-    if k != key or [_freeze(x) for x in f] != [_freeze(x) for x in floats]:
+    if k != key or [freeze(x) for x in f] != [freeze(x) for x in floats]:
         raise AssertionError(f"a fast window's key differs from the slow path's: {len(window)} ops, "
                              f"floats {floats} vs {f}")
 

@@ -273,4 +273,8 @@ def _fmt(arg: tuple) -> str:
     return f"{arg[2].replace('torch.', '')}{list(arg[1])}" if len(arg) == 3 else "tensor"
 
 
-__all__ = ["Key", "spec_key", "window_key", "region_key", "outline", "miss_cause"]
+# The exact form of a constant as keys compare it (Note [Floats in keys are compared by
+# bits]), for the trace matchers that check constants the way keys do (dispatch/match.py).
+freeze = _freeze
+
+__all__ = ["Key", "spec_key", "window_key", "region_key", "outline", "miss_cause", "freeze"]
