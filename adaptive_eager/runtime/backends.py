@@ -118,7 +118,7 @@ def _neuron(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
 
 
 # Note [Backend registry]
-# The one piece of module-level mutable state here: a documented registry, filled
+# Module-level mutable state, with _CODECS above: a documented registry, filled
 # below with the built-ins and extended with register_backend(). Each entry is
 # (compile function, support data, debugging?). Debugging backends are never demoted
 # for speed (they exist to check the pipeline, not to be fast).
