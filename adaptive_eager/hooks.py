@@ -11,7 +11,7 @@ the owner had it in its own ``__dict__`` (``torch.Tensor.item`` is ``TensorBase`
 that undoing puts back exactly what was there (the attribute ``is`` the original again;
 an inherited one is deleted, not shadowed). A wrapper function carries one marker,
 ``__ae_wrapped__`` (its original), set here. Installing is idempotent and thread-safe (one
-lock); the wrappers themselves are plain closures set on their owners, so a patched call
+lock, renewed in a forked child); the wrappers themselves are plain closures set on their owners, so a patched call
 pays nothing for the registry (the Tensor read methods are hot). Rows are kept per
 attribute: when two groups patch the same attribute (``set_rng_state``: the opaque call of
 dispatch/opaque.py and the compile-thread guard of runtime/compiler.py), the row that
@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -156,12 +157,22 @@ class Registry:
         self._wanted: dict[tuple[str, str], list[Patch]] = {}
         self._applied: dict[tuple[str, str], _Applied] = {}
         self._hooks: dict[tuple[str, str], tuple[Hook, Any]] = {}
+        self._forks = False  # the lock is renewed in a forked child
+
+    def _renew_lock(self) -> None:
+        # A fork from one thread while another held the lock would leave it held for good
+        # in the child (only the forking thread exists there): threading renews its own
+        # locks the same way.
+        self._lock = threading.RLock()
 
     # -- installing ----------------------------------------------------------------------
     def install(self, rows: Iterable[Patch | Hook]) -> None:
         """Install ``rows`` (each once: a group's second row for the same attribute, or
         the same hook again, is a no-op)."""
         with self._lock:
+            if not self._forks and hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=self._renew_lock)
+                self._forks = True
             for row in rows:
                 if isinstance(row, Hook):
                     self._add_hook(row)

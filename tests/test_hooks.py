@@ -214,3 +214,39 @@ def test_reads_pay_no_registry_on_the_call():
     item = vars(torch.Tensor)["item"]
     assert getattr(item, MARK) is torch._C.TensorBase.item
     assert "HOOKS" not in item.__code__.co_names and "HOOKS" not in item.__code__.co_freevars
+
+
+def test_a_fork_while_another_thread_installs_leaves_the_child_able_to_install():
+    if not hasattr(os, "fork"):
+        return
+    reg = Registry()
+
+    class Box:
+        def f(self) -> int:
+            return 0
+
+    reg.install([Patch("t", "Box", "f", lambda fn: (lambda self: 1), find=lambda: Box)])
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with reg._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: the holder thread does not exist here
+        import signal
+
+        signal.alarm(20)  # a lock held for good would hang the child: SIGALRM ends it
+        try:
+            reg.uninstall("t")
+            os._exit(0 if Box().f() == 0 else 1)
+        finally:
+            os._exit(2)
+    release.set()
+    t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
