@@ -350,8 +350,9 @@ def _remove_handles(handles: list) -> None:
 
 
 # Note [The safe points registry]
-# One SafePoints per process, installed with the first session (it registers global
-# torch hooks, which must not be doubled); the documented registry of this module.
+# One SafePoints per process, made with the first session; its global torch hooks are
+# rows of the hooks registry (Note [The hooks registry], hooks.py), which installs each
+# once. The documented state of this module.
 SAFE_POINTS: SafePoints | None = None
 _INSTALL_LOCK = threading.Lock()
 
