@@ -49,15 +49,19 @@ The rows, by group (``what``: where they are declared; when installed; how undon
 | sigint        | the SIGINT handler                         | main thread's    | its last block      |
 |               | (dispatch/interrupts.py)                   | first block      | (unless replaced)   |
 | thread-start  | ``threading.Thread.start`` (process.py)    | ``enable()``     | ``disable()``       |
+| neuron-sim    | storage allocation of the emulated device: | enabling the     | ``uninstall()``     |
+|               | ``_StorageBase.clone``/``.neuron``,        | emulated device  | (tests; the device  |
+|               | ``UntypedStorage.__new__``                 |                  | has no disable)     |
+|               | (neuron_sim/_storage.py)                   |                  |                     |
 +---------------+--------------------------------------------+------------------+---------------------+
 
 Not rows (registrations that are not patches of shared objects, or that must stay
 import-light): ``atexit`` functions (exit_report.py, runtime/compile_worker.py), the
 one-shot import hook of ``ADAPTIVE_EAGER=1`` (autoload.py: it removes itself once it
-fired, and runs before this package is imported), the emulated device's storage
-constructor (neuron_sim/_storage.py: part of that device's own registration, like a
-PrivateUse1 backend's), and the SIGINT handler held while the package's lazy imports run
-(``adaptive_eager.__init__``: set and put back around one import).
+fired, and runs inside ``import torch``), the emulated device's kernels (torch.library
+registrations, like a PrivateUse1 backend's), and the SIGINT handler held while the
+package's lazy imports run (``adaptive_eager.__init__``: set and put back around one
+import).
 
 Example::
 
@@ -93,7 +97,8 @@ class Patch:
 
     ``owner`` is a dotted path (``"torch.Tensor"``, ``"queue.Queue"``) unless ``find``
     returns the object; ``own_only``: patch a class attribute only if the class defines it
-    itself; ``covers``: groups whose patch of the same attribute this one includes."""
+    itself; ``covers``: groups whose patch of the same attribute this one includes;
+    ``adds``: the attribute may be absent (``make(None)`` then adds it; undoing deletes it)."""
 
     group: str
     owner: str
@@ -102,6 +107,7 @@ class Patch:
     own_only: bool = False
     covers: tuple[str, ...] = ()
     find: Callable[[], Any] | None = None
+    adds: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -218,13 +224,14 @@ class Registry:
         if raw is _MISSING and row.own_only:
             return
         original = raw if raw is not _MISSING else getattr(obj, row.attr, None)
-        if original is None:
+        if original is None and not row.adds:
             return
         replacement = row.make(original)
         if replacement is None:
             return
         try:
-            setattr(replacement, MARK, original)
+            if original is not None:
+                setattr(replacement, MARK, original)
         except (AttributeError, TypeError):  # a property: the registry remembers
             pass
         setattr(obj, row.attr, replacement)

@@ -27,8 +27,11 @@ _FRESH = textwrap.dedent("""
     from adaptive_eager import process
     from adaptive_eager.hooks import _locate
 
+    from adaptive_eager.neuron_sim import _storage
+
     rows = [*observe.ROWS, *(r for r in opaque.ROWS if isinstance(r, Patch)),
-            *kernel_state.rows(lambda *a: None), *compiler.RNG_ROWS, process.THREAD_START]
+            *kernel_state.rows(lambda *a: None), *compiler.RNG_ROWS, process.THREAD_START,
+            *_storage.ROWS]
 
     def state():
         out = {}
@@ -47,6 +50,7 @@ _FRESH = textwrap.dedent("""
     if sys.argv[1] == "guard-first":
         compiler.guard_rng_setters()
     ae.enable(backend="eager")
+    _storage.install()  # the emulated device's storage rows (one adds an attribute)
     x = torch.ones(3) * 2
     assert x.tolist() == [2.0, 2.0, 2.0]
     compiler.guard_rng_setters()
@@ -58,8 +62,10 @@ _FRESH = textwrap.dedent("""
         assert not hasattr(getattr(fn, MARK), MARK)
     # every wrapper carries the one marker, pointing at a non-wrapper
     for key, value in installed.items():
-        if not isinstance(value, property):
-            assert not hasattr(getattr(value, MARK), MARK), key
+        raw = vars(_locate(next(r for r in HOOKS.rows() if r.key == key))).get(key[1], value)
+        if HOOKS.original(*key) is not None and not isinstance(raw, property):
+            assert getattr(raw, MARK) is HOOKS.original(*key), key
+            assert not hasattr(getattr(raw, MARK), MARK), key
     assert signal.getsignal(signal.SIGINT) is interrupts._on_signal  # enable() holds a block
     n = len(HOOKS.rows())
     ae.enable(backend="eager")
@@ -93,7 +99,8 @@ def _fresh(order: str) -> str:
 def test_uninstall_restores_every_original_and_install_twice_is_a_no_op():
     out = _fresh("session-first")
     assert out.startswith("ok")
-    assert int(out.split()[1]) >= 60  # reads, opaque calls, setters, rng guards, Thread.start
+    assert int(out.split()[1]) >= 63  # reads, opaque calls, setters, rng guards, Thread.start,
+    # the emulated device's storage
 
 
 def test_set_rng_state_is_wrapped_once_whichever_layer_installs_first():
