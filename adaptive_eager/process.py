@@ -25,6 +25,7 @@ import torch
 from ._logging import log, warn_once
 from .config import Options
 from .exit_report import before_report
+from .hooks import HOOKS, Patch
 from .session import _TLS, _stack, adaptive_eager, resolve_options
 
 
@@ -45,12 +46,12 @@ from .session import _TLS, _stack, adaptive_eager, resolve_options
 # disable() undoes the patch and leaves the mode in the calling thread; threads
 # started while enabled keep the runtime until their run() returns.
 class _Enabled:
-    """The registry of process-wide enabling: options, the patch, per-thread contexts."""
+    """The registry of process-wide enabling: the options new threads start under (the
+    patch of Thread.start is a row of the hooks registry, hooks.py)."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.options: Options | None = None
-        self.original_start: Callable | None = None
 
 
 _ENABLED = _Enabled()
@@ -94,12 +95,20 @@ def _run_under(options: Options, run: Callable[[], None]) -> Callable[[], None]:
     return run_under_runtime
 
 
-def _patched_start(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
-    options = _ENABLED.options
-    if options is not None and not getattr(self, "adaptive_eager_exempt", False) \
-            and not _started_by_library(2):
-        self.run = _run_under(options, self.run)  # type: ignore[method-assign]
-    return _ENABLED.original_start(self, *args, **kwargs)  # type: ignore[misc]
+def _start_under_runtime(original_start: Callable) -> Callable:
+    def start(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
+        options = _ENABLED.options
+        if options is not None and not getattr(self, "adaptive_eager_exempt", False) \
+                and not _started_by_library(2):
+            self.run = _run_under(options, self.run)  # type: ignore[method-assign]
+        return original_start(self, *args, **kwargs)
+
+    return functools.wraps(original_start)(start)
+
+
+# The row of the hooks registry (Note [The hooks registry], hooks.py): installed by
+# enable(), undone by disable().
+THREAD_START = Patch("thread-start", "threading.Thread", "start", _start_under_runtime)
 
 
 def is_enabled() -> bool:
@@ -141,9 +150,7 @@ def enable(**options: Any) -> None:
             _TLS.enabled_ctx = ctx
             _TLS.enabled_depth = len(_stack())
         _ENABLED.options = resolved
-        if _ENABLED.original_start is None:
-            _ENABLED.original_start = threading.Thread.start
-            threading.Thread.start = _patched_start  # type: ignore[method-assign]
+        HOOKS.install([THREAD_START])
         before_report(_leave_at_exit)  # flush before the exit report (exit_report.py)
     log.debug("enabled process-wide: %s", resolved)
 
@@ -161,10 +168,7 @@ def disable() -> None:
     """
     with _ENABLED.lock:
         _ENABLED.options = None
-        if _ENABLED.original_start is not None:
-            if threading.Thread.start is _patched_start:
-                threading.Thread.start = _ENABLED.original_start  # type: ignore[method-assign]
-            _ENABLED.original_start = None
+        HOOKS.uninstall(THREAD_START)
     ctx = getattr(_TLS, "enabled_ctx", None)
     if ctx is None:
         return

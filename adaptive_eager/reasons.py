@@ -43,7 +43,7 @@ class R:
     every one has advice below (tests/test_report.py checks both).
 
     Flush (sync) reasons may carry a prefix (``observe:<read>``, a Python-level read seen
-    by ObserveMode, named after the method) or a suffix (``opaque:<call>``). Region
+    by a read wrapper of dispatch/observe.py, named after the method) or a suffix (``opaque:<call>``). Region
     failures are the text before the first ``:`` of a failure's description.
     """
 
@@ -119,7 +119,7 @@ COST_REASONS = frozenset({R.TOO_SMALL, R.NOT_WORTH_IT, R.NOTHING_TO_FUSE})
 SYNC_OPS = {"aten::_local_scalar_dense": R.ITEM, "aten::is_nonzero": R.BOOL, "aten::equal": R.EQUAL}
 
 # Flush (sync) reasons -> what to change. A reason may carry a prefix: "observe:" (a
-# Python-level read seen by ObserveMode) or a suffix after ":" ("opaque:<call>").
+# Python-level read seen by dispatch/observe.py) or a suffix after ":" ("opaque:<call>").
 ADVICE: dict[str, str] = {
     "global_state": "a setting kernels read (default dtype, deterministic algorithms, threads, "
                     "...) changed: pending work ran first; set it once before the loop",

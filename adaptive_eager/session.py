@@ -49,7 +49,21 @@ from .reasons import R
 # Note [Process-wide registries]
 # _COUNTERS (what stats() reports) and _SESSIONS (caches per Options) are the
 # process-wide state of the public API layer. Both are explicit and resettable
-# (reset_stats(), clear_sessions()); nothing below this layer holds global state.
+# (reset_stats(), clear_sessions()). They are not the only module-level state: the
+# package has 39 mutable module-level objects besides these two (and 12 locks; counted by
+# ``scripts/structure-counts --list``), each documented where it lives, of these kinds:
+# - the process's patches and hooks: hooks.HOOKS (every patch of torch and the standard
+#   library, Note [The hooks registry]) and what they act on: process._ENABLED,
+#   interrupts._STATE, parking.SAFE_POINTS, exit_report's four lists, _logging's flags;
+# - per-thread state: this module's _TLS, observe._TLS, lazy._TLS, hooks._RNG;
+# - shared services: compile_worker._WORKER, optim_compile.STEPS, disk_cache._OPEN;
+# - caches and marks bounded by the program's code (Note [Every cache is bounded]):
+#   match._CODE, fusion.scalars._BY_ID, fusion.indices._POSITIONS, dynamo's two marks,
+#   meta.KERNEL_LAYOUT_OPS, _logging._WARNED;
+# - memory the program exported: exported._EXPORTED/_PRUNE_AT, lazy._SHARES;
+# - what the program registered: backends._REGISTRY (Backend entries, codecs in them), config._PATCHES;
+# - this layer's _MODES and _ABANDONED (below) and _TLS;
+# - the emulated device's (neuron_sim: five) and two benchmark workloads' caches.
 _COUNTERS: Counters = Counters()
 _SESSIONS: dict[Options, "Session"] = {}
 _SESSIONS_LOCK = threading.Lock()

@@ -91,6 +91,7 @@ def test_an_async_compile_does_not_rewind_the_programs_random_stream():
 def test_rng_setters_do_nothing_on_the_compile_thread_only():
     import threading
 
+    from adaptive_eager import hooks
     from adaptive_eager.runtime import compiler
 
     compiler.guard_rng_setters()
@@ -101,7 +102,7 @@ def test_rng_setters_do_nothing_on_the_compile_thread_only():
     moved = torch.random.get_rng_state()
 
     def on_compile_thread():
-        compiler._ON_COMPILE_THREAD.on = True
+        hooks.skip_rng_setters_in_this_thread()
         torch.random.set_rng_state(before)  # what preserve_rng_state does at its end
 
     t = threading.Thread(target=on_compile_thread)

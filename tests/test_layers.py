@@ -10,8 +10,9 @@ import adaptive_eager
 
 PKG = pathlib.Path(adaptive_eager.__file__).parent
 # Leaves import nothing of the package but other leaves; the emulated device is a leaf too
-# (a device, usable by every layer).
-LEAVES = {"config", "_env", "_logging", "reasons", "neuron_sim"}
+# (a device, usable by every layer), and so is the hooks registry (every layer declares
+# its process-wide patches as rows of it).
+LEAVES = {"config", "_env", "_logging", "reasons", "neuron_sim", "hooks"}
 ORDER = {"leaf": 0, "fusion": 1, "runtime": 2, "dispatch": 3, "surface": 4}
 
 

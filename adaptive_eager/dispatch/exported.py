@@ -106,7 +106,7 @@ _use_count = torch._C._storage_Use_Count
 
 def _storage_of(t: torch.Tensor) -> Any:
     try:
-        with torch._C.DisableTorchFunction():  # not an export of its own (ObserveMode)
+        with torch._C.DisableTorchFunction():  # not an export of its own (observe.py passes it through)
             return _UNTYPED_STORAGE(t)
     except Exception:  # noqa: BLE001 - sparse, storage-less or foreign tensors
         return None

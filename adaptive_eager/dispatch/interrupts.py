@@ -37,6 +37,8 @@ import signal
 import threading
 from typing import Any
 
+from ..hooks import HOOKS, Hook
+
 _get_ident = threading.get_ident
 
 
@@ -74,6 +76,30 @@ def _deliver(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
 
+def _install_handler() -> Any:
+    """Wrap the program's SIGINT handler (a Python callable only); the token is it."""
+    current = signal.getsignal(signal.SIGINT)
+    if current is _on_signal or not callable(current):
+        return None
+    try:
+        signal.signal(signal.SIGINT, _on_signal)
+    except (ValueError, OSError):  # not the main interpreter: leave signals alone
+        return None
+    _STATE.previous = current
+    return current
+
+
+def _restore_handler(previous: Any) -> None:
+    """Put the program's handler back, unless the program replaced ours meanwhile."""
+    if signal.getsignal(signal.SIGINT) is _on_signal:
+        signal.signal(signal.SIGINT, previous)
+
+
+# The row of the hooks registry (Note [The hooks registry], hooks.py): added at the
+# main thread's first block, removed at its last.
+SIGINT_HANDLER = Hook("sigint", "signal.signal(SIGINT)", _install_handler, _restore_handler)
+
+
 def hold() -> None:
     """A block opens in this thread: in the main thread, defer SIGINT during flushes."""
     if _get_ident() != _main_ident():
@@ -81,13 +107,7 @@ def hold() -> None:
     st = _STATE
     st.holds += 1
     if st.holds == 1:
-        current = signal.getsignal(signal.SIGINT)
-        if current is not _on_signal and callable(current):
-            try:
-                signal.signal(signal.SIGINT, _on_signal)
-            except (ValueError, OSError):  # not the main interpreter: leave signals alone
-                return
-            st.previous = current
+        HOOKS.install([SIGINT_HANDLER])
 
 
 def release() -> None:
@@ -96,8 +116,8 @@ def release() -> None:
         return
     st = _STATE
     st.holds = max(0, st.holds - 1)
-    if st.holds == 0 and signal.getsignal(signal.SIGINT) is _on_signal:
-        signal.signal(signal.SIGINT, st.previous)
+    if st.holds == 0:
+        HOOKS.uninstall(SIGINT_HANDLER)
 
 
 class _Critical:

@@ -26,10 +26,10 @@ read after it was turned off was not NaN-filled. The settings, from torch/_C:
 +--------------------------------------------+------------------------------------------+
 
 Grad mode, autocast and the default device act above the dispatcher, when the op is
-recorded, so they need nothing. These setters are Python-level calls that no
-TorchFunctionMode sees; while a runtime exists they are wrapped (once, with the
-first session; ``functools.wraps`` keeps their names and docs; ``__wrapped__`` is the
-original): before the setting changes, every pending window runs (flush reason
+recorded, so they need nothing. These setters are Python-level calls that the dispatch
+mode does not see; while a runtime exists they are wrapped (once, with the first
+session, through the hooks registry: Note [The hooks registry], hooks.py;
+``functools.wraps`` keeps their names and docs): before the setting changes, every pending window runs (flush reason
 ``global_state``), so each op runs under the setting it was recorded under. A change
 of the default dtype also forgets memoized metadata, and factories are recorded with
 their dtype explicit and keyed by the default dtype (dispatch/recorder.py), so a
@@ -49,10 +49,11 @@ Example::
 from __future__ import annotations
 
 import functools
-import importlib
 from typing import Any, Callable
 
 import torch
+
+from ..hooks import HOOKS, Patch
 
 # (module, attribute, whether it changes the default dtype)
 _SETTERS = (
@@ -66,48 +67,45 @@ _SETTERS = (
     ("torch.backends.mkldnn", "set_flags", False),
 )
 
-# The one registry of this module: what install() replaced, to put back.
-_INSTALLED: list[tuple[Any, str, Any]] = []
-
-
 def _wrap(name: str, fn: Callable, dtype: bool, on_change: Callable[[str, bool], None]) -> Callable:
     @functools.wraps(fn)
     def setter(*args: Any, **kwargs: Any) -> Any:
         on_change(name, dtype)
         return fn(*args, **kwargs)
 
-    setter.__adaptive_eager_setter__ = True  # type: ignore[attr-defined]
     return setter
 
 
+def _wrap_property(prop: Any, on_change: Callable[[str, bool], None]) -> property | None:
+    if not isinstance(prop, property) or prop.fset is None:
+        return None
+    return property(prop.fget, _wrap("fill_uninitialized_memory", prop.fset, False, on_change),
+                    prop.fdel, prop.__doc__)
+
+
+def rows(on_change: Callable[[str, bool], None]) -> tuple[Patch, ...]:
+    """The setters' rows of the hooks registry (Note [The hooks registry], hooks.py)."""
+    out = [Patch("setters", module, attr, functools.partial(_wrap_setter, attr, dtype, on_change))
+           for module, attr, dtype in _SETTERS]
+    out.append(Patch("setters", "type(torch.utils.deterministic)", "fill_uninitialized_memory",
+                     functools.partial(_wrap_property, on_change=on_change), own_only=True,
+                     find=lambda: type(torch.utils.deterministic)))
+    return tuple(out)
+
+
+def _wrap_setter(attr: str, dtype: bool, on_change: Callable[[str, bool], None], fn: Callable) -> Callable:
+    return _wrap(attr, fn, dtype, on_change)
+
+
 def install(on_change: Callable[[str, bool], None]) -> None:
-    """Wrap the setters so that ``on_change(name, changes_default_dtype)`` runs first."""
-    if _INSTALLED:
-        return
-    for module_name, attr, dtype in _SETTERS:
-        try:
-            module = importlib.import_module(module_name)
-            fn = getattr(module, attr)
-        except (ImportError, AttributeError):  # an older or trimmed torch
-            continue
-        if getattr(fn, "__adaptive_eager_setter__", False):
-            continue
-        _INSTALLED.append((module, attr, fn))
-        setattr(module, attr, _wrap(attr, fn, dtype, on_change))
-    cls = type(torch.utils.deterministic)
-    prop = cls.__dict__.get("fill_uninitialized_memory")
-    if isinstance(prop, property) and prop.fset is not None:
-        _INSTALLED.append((cls, "fill_uninitialized_memory", prop))
-        setattr(cls, "fill_uninitialized_memory", property(
-            prop.fget, _wrap("fill_uninitialized_memory", prop.fset, False, on_change), prop.fdel,
-            prop.__doc__))
+    """Wrap the setters so that ``on_change(name, changes_default_dtype)`` runs first
+    (once per process: later calls keep the first ``on_change``)."""
+    HOOKS.install(rows(on_change))
 
 
 def uninstall() -> None:
     """Put the original setters back (tests; the runtime leaves them installed)."""
-    while _INSTALLED:
-        owner, attr, original = _INSTALLED.pop()
-        setattr(owner, attr, original)
+    HOOKS.uninstall("setters")
 
 
 __all__ = ["install", "uninstall"]

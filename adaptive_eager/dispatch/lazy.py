@@ -131,7 +131,7 @@ def hold_memory(handle: "LazyTensor") -> None:
         with torch._C._DisableTorchDispatch():  # the C++ answer, not a mode's
             shares = _SHARES[kind] = torch._has_compatible_shallow_copy_type(handle, real)
     if shares and real.layout == torch.strided and real.dtype == handle.dtype:
-        with torch._C.DisableTorchFunction():  # not ObserveMode's `.data =` (direct.py)
+        with torch._C.DisableTorchFunction():  # not observe.py's `.data =` wrapper (direct.py)
             _SET_DATA(handle, real)
 
 
@@ -219,7 +219,7 @@ class LazyTensor(torch.Tensor):
     # eager would, so it asks the owner to flush what touches the tensor first. What
     # exposes memory (numpy, storage, data_ptr, dlpack) can be written or freed through
     # (FSDP frees storage with ``untyped_storage().resize_(0)``): everything pending
-    # runs first, as ObserveMode does for plain tensors.
+    # runs first, as observe.py's read wrappers do for plain tensors.
     def _ae_read(self, reason: str, exposes: bool = False) -> torch.Tensor:
         """The real tensor for a Python-level read of its data (pending writes applied)."""
         owner = self._ae_owner

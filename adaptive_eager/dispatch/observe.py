@@ -38,6 +38,7 @@ from .lazy import LazyTensor, suspended
 from .mode import AdaptiveEagerMode, _tensors
 from .parking import READ_WEIGHT, end_warmup, safe_point
 from .source import called_by_user, user_source, warnings_at_user_line
+from ..hooks import HOOKS, MARK, Patch
 from ..reasons import R
 
 
@@ -219,7 +220,6 @@ def _aliasing(func: Callable) -> Callable:
             return func(*args, **kwargs)
         return export_result(func(*args, **kwargs))
 
-    aliasing.__ae_wrapped__ = func  # type: ignore[attr-defined]
     return aliasing
 
 
@@ -236,7 +236,6 @@ def _method(name: str, func: Callable, kind: str) -> Callable:
             return func(*args, **kwargs)
         return _read(mode, name, kind, func, args, kwargs)
 
-    read.__ae_wrapped__ = func  # type: ignore[attr-defined]
     return read
 
 
@@ -251,7 +250,6 @@ def _safe_point(name: str, func: Callable) -> Callable:
         safe_point(mode, READ_WEIGHT)
         return out
 
-    around.__ae_wrapped__ = func  # type: ignore[attr-defined]
     return around
 
 
@@ -265,7 +263,6 @@ def _function(name: str, func: Callable) -> Callable:
             return func(*args, **kwargs)
         return HANDLERS[func](mode, func, args, kwargs)
 
-    direct.__ae_wrapped__ = func  # type: ignore[attr-defined]
     return direct
 
 
@@ -276,53 +273,50 @@ def _set_data(self: torch.Tensor, value: Any) -> None:
     return HANDLERS[_SET_DATA](mode, _SET_DATA, (self, value), {})
 
 
-# Note [The read wrappers registry]
-# What install() replaced, name -> (owner, original), so that the wrappers are made
-# once per process and can be told from the originals; the documented registry of
-# this module.
-WRAPPED: dict[str, tuple[Any, Any]] = {}
-_INSTALL_LOCK = threading.Lock()
+def _data_property(data: Any) -> property:
+    return property(data.__get__, _set_data, doc=data.__doc__)
+
+
+def _direct_or_convert(name: str, kind: str) -> Callable[[Callable], Callable | None]:
+    """A direct/convert read is wrapped only if dispatch/direct.py handles it."""
+    return lambda func: _method(name, func, kind) if func in HANDLERS else None
+
+
+def _rows() -> tuple[Patch, ...]:
+    """The reads' rows of the hooks registry (Note [The hooks registry], hooks.py)."""
+    kinds = {**{n: "exposing" for n in EXPOSING}, **{n: "copying" for n in COPYING},
+             **{n: "scalar" for n in SCALARS}, **{n: "convert" for n in CONVERSIONS},
+             **{n: "direct" for n in _DIRECT_METHODS}}
+    rows = [Patch("reads", "torch.Tensor", name,
+                  _direct_or_convert(name, kind) if kind in ("direct", "convert")
+                  else functools.partial(_bind_method, name, kind))
+            for name, kind in kinds.items()]
+    rows += [Patch("reads", "torch.Tensor", n, functools.partial(_safe_point, n))
+             for n in _SAFE_POINT_METHODS]
+    rows += [Patch("reads", "torch", n, functools.partial(_function, n)) for n in _DIRECT_FUNCTIONS]
+    rows += [Patch("reads", "torch", n, _aliasing) for n in _ALIASING_FUNCTIONS]
+    rows.append(Patch("reads", "torch.Tensor", "data", _data_property))
+    return tuple(rows)
+
+
+def _bind_method(name: str, kind: str, func: Callable) -> Callable:
+    return _method(name, func, kind)
+
+
+ROWS = _rows()
 
 
 def install() -> None:
     """Wrap the reading methods of ``torch.Tensor`` and the functions of ``torch`` that
-    copy tensors' memory (once per process; Note [Reads are seen where they happen])."""
-    if WRAPPED:
-        return
-    with _INSTALL_LOCK:
-        if WRAPPED:
-            return
-        kinds = {**{n: "exposing" for n in EXPOSING}, **{n: "copying" for n in COPYING},
-                 **{n: "scalar" for n in SCALARS}, **{n: "convert" for n in CONVERSIONS},
-                 **{n: "direct" for n in _DIRECT_METHODS}}
-        for name, kind in kinds.items():
-            func = getattr(torch.Tensor, name, None)
-            if func is None:
-                continue
-            if kind in ("direct", "convert") and func not in HANDLERS:
-                continue
-            WRAPPED[name] = (torch.Tensor, func)
-            setattr(torch.Tensor, name, _method(name, func, kind))
-        for name in _SAFE_POINT_METHODS:
-            func = getattr(torch.Tensor, name)
-            WRAPPED[name] = (torch.Tensor, func)
-            setattr(torch.Tensor, name, _safe_point(name, func))
-        for name in _DIRECT_FUNCTIONS:
-            func = getattr(torch, name)
-            WRAPPED[f"torch.{name}"] = (torch, func)
-            setattr(torch, name, _function(name, func))
-        for name in _ALIASING_FUNCTIONS:
-            func = getattr(torch, name)
-            WRAPPED[f"torch.{name}"] = (torch, func)
-            setattr(torch, name, _aliasing(func))
-        data = torch._C.TensorBase.data
-        WRAPPED["data"] = (torch.Tensor, data)
-        torch.Tensor.data = property(data.__get__, _set_data, doc=data.__doc__)  # type: ignore[assignment]
+    copy tensors' memory (once per process; Note [Reads are seen where they happen]),
+    through the hooks registry (Note [The hooks registry])."""
+    if not HOOKS.installed(ROWS[-1]):
+        HOOKS.install(ROWS)
 
 
 def original(func: Any) -> Any:
     """The function a read wrapper wraps (``func`` itself if it is none)."""
-    return getattr(func, "__ae_wrapped__", func)
+    return getattr(func, MARK, func)
 
 
 def observed_names() -> tuple[str, ...]:
@@ -330,5 +324,5 @@ def observed_names() -> tuple[str, ...]:
     return tuple(n for n in EXPOSING + COPYING if hasattr(torch.Tensor, n))
 
 
-__all__ = ["Observer", "install", "original", "observed_names", "WRAPPED", "EXPOSING", "COPYING",
+__all__ = ["Observer", "install", "original", "observed_names", "ROWS", "EXPOSING", "COPYING",
            "SCALARS", "CONVERSIONS"]

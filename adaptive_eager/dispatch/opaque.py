@@ -11,14 +11,13 @@ Example::
 from __future__ import annotations
 
 import functools
-import importlib
 import os
-import threading
 from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from ..hooks import HOOKS, Hook, Patch, rng_setters_skipped
 from ..reasons import R
 from .exported import export, export_storage
 from .lazy import suspended, unwrap_all
@@ -85,10 +84,6 @@ OPAQUE_CALLS: tuple[tuple[str, str, str, str], ...] = (
 # Hand-offs it cannot see (a shared variable behind a lock, an Event) need
 # ``adaptive_eager.sync()`` before them (README, Limitations).
 
-_INSTALLED: set[tuple[str, str, str, str]] = set()
-_LOCK = threading.Lock()
-
-
 def _flush_this_thread(reason: str) -> bool:
     """Flush every runtime mode of this thread; whether one was capturing."""
     from .mode import AdaptiveEagerMode  # noqa: PLC0415 - mode imports this module's users
@@ -104,9 +99,14 @@ def _flush_this_thread(reason: str) -> bool:
 def opaque(fn: Callable[..., Any], name: str, what: str = "call") -> Callable[..., Any]:
     """Wrap ``fn`` so that it runs after a flush, with capture suspended."""
     reason = f"{R.OPAQUE}:{name}"
+    # torch's set_rng_state: this one wrapper is also the compile thread's guard
+    # (hooks.py: Note [The compile thread's random stream]), so it is wrapped once.
+    guarded = name == "set_rng_state"
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if guarded and rng_setters_skipped():
+            return None
         if _flush_this_thread(reason) and what != "handoff":
             args, kwargs = unwrap_all(args, kwargs, reason)
             with suspended():
@@ -122,7 +122,6 @@ def opaque(fn: Callable[..., Any], name: str, what: str = "call") -> Callable[..
                     export_storage(first)
         return out
 
-    wrapper._ae_opaque = fn  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -133,26 +132,32 @@ def _before_fork() -> None:
         pass
 
 
+def _hook_fork() -> bool | None:
+    """Flush before a fork (Note [Threads see what was synced]); os has no undo."""
+    if not hasattr(os, "register_at_fork"):
+        return None
+    os.register_at_fork(before=_before_fork)
+    return True
+
+
+def _row(entry: tuple[str, str, str, str]) -> Patch:
+    module, owner, attr, what = entry
+    name = owner or attr
+    return Patch("opaque", f"{module}.{owner}" if owner else module, attr,
+                 lambda fn: opaque(fn, name, what), own_only=bool(owner),
+                 covers=("rng-guard",) if attr == "set_rng_state" else ())
+
+
+# The opaque calls' rows of the hooks registry (Note [The hooks registry], hooks.py).
+ROWS: tuple[Patch | Hook, ...] = (
+    *(_row(entry) for entry in OPAQUE_CALLS),
+    Hook("fork", "os.register_at_fork(before=)", lambda: _hook_fork()),
+)
+
+
 def install() -> None:
-    """Wrap every call in :data:`OPAQUE_CALLS` (idempotent)."""
-    with _LOCK:
-        for entry in OPAQUE_CALLS:
-            if entry in _INSTALLED:
-                continue
-            module, owner, attr, what = entry
-            try:
-                mod = importlib.import_module(module)
-                obj = getattr(mod, owner) if owner else mod
-            except (ImportError, AttributeError):
-                continue  # not in this torch build (distributed off): nothing to wrap
-            fn = obj.__dict__.get(attr) if isinstance(obj, type) else getattr(obj, attr, None)
-            if fn is None or hasattr(fn, "_ae_opaque"):
-                continue
-            setattr(obj, attr, opaque(fn, owner or attr, what))
-            _INSTALLED.add(entry)
-        if "fork" not in _INSTALLED and hasattr(os, "register_at_fork"):
-            os.register_at_fork(before=_before_fork)
-            _INSTALLED.add("fork")  # type: ignore[arg-type]
+    """Wrap every call in :data:`OPAQUE_CALLS` and hook fork (idempotent)."""
+    HOOKS.install(ROWS)
 
 
-__all__ = ["OPAQUE_CALLS", "install", "opaque"]
+__all__ = ["OPAQUE_CALLS", "ROWS", "install", "opaque"]

@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 from torch.utils._python_dispatch import _pop_mode, _push_mode
 
 from .._logging import artifact_logger
+from ..hooks import HOOKS, Hook
 from .optim import restore as restore_foreach
 from .optim import use_foreach
 from .optim_compile import STEPS
@@ -198,16 +199,27 @@ class SafePoints:
         self.counters = counters
         self._lock = threading.Lock()
         self._wanting: "weakref.WeakSet[Any]" = weakref.WeakSet()  # modes that need module calls
-        self._module_hook: Any = None
         self._tls = threading.local()  # optimizer -> param groups switched to foreach
+        # Rows of the hooks registry (Note [The hooks registry], hooks.py): torch's public
+        # API; the step hooks cost nothing to code that never steps an optimizer.
+        self.step_hooks = Hook("optim-steps", "torch.optim global step pre/post hooks",
+                               self._add_step_hooks, _remove_handles)
+        self.module_hook = Hook("module-calls", "global module forward pre-hook",
+                                self._add_module_hook, _remove_handles)
+
+    def _add_step_hooks(self) -> list:
         from torch.optim.optimizer import (  # noqa: PLC0415
             register_optimizer_step_post_hook,
             register_optimizer_step_pre_hook,
         )
 
-        # torch's public API; costs nothing to code that never steps an optimizer
-        self._hooks = [register_optimizer_step_pre_hook(self.step_starts),
-                       register_optimizer_step_post_hook(self.step_ends)]
+        return [register_optimizer_step_pre_hook(self.step_starts),
+                register_optimizer_step_post_hook(self.step_ends)]
+
+    def _add_module_hook(self) -> list:
+        from torch.nn.modules.module import register_module_forward_pre_hook  # noqa: PLC0415
+
+        return [register_module_forward_pre_hook(self.module_call)]
 
     # -- optimizer steps ----------------------------------------------------------------
     # Note [Probes come between optimizer steps]
@@ -321,23 +333,26 @@ class SafePoints:
                 self._wanting.add(mode)
             else:
                 self._wanting.discard(mode)
-            if self._wanting and self._module_hook is None:
-                from torch.nn.modules.module import register_module_forward_pre_hook  # noqa: PLC0415
-
-                self._module_hook = register_module_forward_pre_hook(self.module_call)
-            elif not self._wanting and self._module_hook is not None:
-                self._module_hook.remove()
-                self._module_hook = None
+            if self._wanting:
+                HOOKS.install([self.module_hook])
+            else:
+                HOOKS.uninstall(self.module_hook)
 
     @property
     def module_hooked(self) -> bool:
         """Whether the module forward pre-hook is installed now."""
-        return self._module_hook is not None
+        return HOOKS.installed(self.module_hook)
+
+
+def _remove_handles(handles: list) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 # Note [The safe points registry]
-# One SafePoints per process, installed with the first session (it registers global
-# torch hooks, which must not be doubled); the documented registry of this module.
+# One SafePoints per process, made with the first session; its global torch hooks are
+# rows of the hooks registry (Note [The hooks registry], hooks.py), which installs each
+# once. The documented state of this module.
 SAFE_POINTS: SafePoints | None = None
 _INSTALL_LOCK = threading.Lock()
 
@@ -348,6 +363,7 @@ def install(thread_stack: Callable[[], list | None], counters: Any) -> SafePoint
     with _INSTALL_LOCK:
         if SAFE_POINTS is None:
             SAFE_POINTS = SafePoints(thread_stack, counters)
+        HOOKS.install([SAFE_POINTS.step_hooks])
         return SAFE_POINTS
 
 

@@ -117,7 +117,7 @@ def called_by_user(depth: int = 1) -> bool:
 # Note [Warnings keep the program's line]
 # A warning names the line that caused it through its stack level, counted from the
 # function that warns. Inside the runtime, a read of a tensor reaches torch through
-# this package's frames (ObserveMode.__torch_function__, a handle's method), so torch's
+# this package's frames (a read wrapper of observe.py, a handle's method), so torch's
 # `.storage()` deprecation (stacklevel: its caller) named dispatch/observe.py. Python
 # 3.11 has no way to skip frames from the outside (skip_file_prefixes, 3.12, is for the
 # caller of warn), so such reads run under `warnings_at_user_line()`: warnings raised

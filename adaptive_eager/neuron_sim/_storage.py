@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..hooks import HOOKS, Patch
 from ._device import check_device_index
 from ._names import DEVICE_TYPE
 
@@ -37,19 +38,16 @@ def _is_neuron_device(device: Any) -> bool:
     return torch.device(device).type == DEVICE_TYPE
 
 
-def install() -> None:
-    """Patch storage allocation so it never reaches the missing allocator (idempotent)."""
-    storage_base = torch.storage._StorageBase
-    if getattr(storage_base, "_neuron_sim_installed", False):
-        return
-    original_clone = storage_base.clone
-    original_new = torch.UntypedStorage.__new__
-
+def _clone(original_clone: Any) -> Any:
     def clone(self: torch.storage._StorageBase) -> torch.storage._StorageBase:
         if self.device.type != DEVICE_TYPE:
             return original_clone(self)
         return new_neuron_storage(self.nbytes()).copy_(self)
 
+    return clone
+
+
+def _to_neuron(_absent: Any) -> Any:
     def to_neuron(
         self: torch.storage._StorageBase,
         device: int | str | torch.device | None = None,
@@ -61,6 +59,10 @@ def install() -> None:
             return self
         return new_neuron_storage(self.nbytes()).copy_(self, non_blocking)
 
+    return to_neuron
+
+
+def _new(original_new: Any) -> Any:
     def new(cls: type, *args: Any, **kwargs: Any) -> Any:
         if not _is_neuron_device(kwargs.get("device")):
             return original_new(cls, *args, **kwargs)
@@ -74,7 +76,17 @@ def install() -> None:
             "is supported; build other storages on the CPU and move them with .to('neuron')"
         )
 
-    storage_base.clone = clone
-    setattr(storage_base, DEVICE_TYPE, to_neuron)
-    torch.UntypedStorage.__new__ = staticmethod(new)  # type: ignore[method-assign]
-    storage_base._neuron_sim_installed = True
+    return staticmethod(new)
+
+
+# The rows of the hooks registry (Note [The hooks registry], adaptive_eager/hooks.py).
+ROWS = (
+    Patch("neuron-sim", "torch.storage._StorageBase", "clone", _clone),
+    Patch("neuron-sim", "torch.storage._StorageBase", DEVICE_TYPE, _to_neuron, adds=True),
+    Patch("neuron-sim", "torch.UntypedStorage", "__new__", _new),
+)
+
+
+def install() -> None:
+    """Patch storage allocation so it never reaches the missing allocator (idempotent)."""
+    HOOKS.install(ROWS)

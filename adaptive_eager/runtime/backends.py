@@ -138,8 +138,8 @@ class Backend:
 
 
 # Note [Backend registry]
-# The one piece of module-level mutable state here: a documented registry of Backend
-# entries, filled below with the built-ins and extended with register_backend().
+# The one piece of module-level mutable state here (codecs live in the entries): a
+# documented registry of Backend entries, filled below with the built-ins and extended with register_backend().
 # Inductor artifacts made by the worker are saved (standalone_compile's binary format);
 # those compiled in-process (the worker unavailable) carry no bytes and are not cached.
 # aot_eager and eager make Python callables over live graphs: nothing to save.

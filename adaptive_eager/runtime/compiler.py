@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 
 from .._logging import artifact_logger
+from ..hooks import HOOKS, Patch, rng_setters_skipped, skip_rng_setters_in_this_thread
 from .windows import transition
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from .compile_worker import ISA_META, ISA_PROBED, THREADS_META, Exiting
@@ -68,32 +69,32 @@ COMPILE_SWITCH_INTERVAL_S = 1e-4
 # 40, on CPU and on the emulated neuron device). The regions compiled here never hold a
 # random op (SupportPolicy refuses them), so a compile draws nothing and has nothing to
 # restore: on the service's thread, torch's set_rng_state functions do nothing (a
-# thread-local flag; every other thread calls them as before). Inductor compiles run in
-# a worker process, whose generators are its own.
-_ON_COMPILE_THREAD = threading.local()
-_RNG_SETTERS = (("random", "set_rng_state"), ("", "set_rng_state"), ("cuda", "set_rng_state"),
-                ("xpu", "set_rng_state"), ("mps", "set_rng_state"))
+# thread-local flag, hooks.py's Note [The compile thread's random stream]; every other
+# thread calls them as before). Inductor compiles run in a worker process, whose
+# generators are its own. torch's and torch.random's set_rng_state are also opaque calls
+# (dispatch/opaque.py), whose one wrapper checks the same flag (the row covers this one).
+_RNG_SETTERS = ("torch.random", "torch", "torch.cuda", "torch.xpu", "torch.mps")
 
 
 def _skipped_on_compile_thread(setter: Callable) -> Callable:
     def set_rng_state(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_ON_COMPILE_THREAD, "on", False):
+        if rng_setters_skipped():
             return None
         return setter(*args, **kwargs)
 
-    set_rng_state.__ae_wrapped__ = setter  # type: ignore[attr-defined]
     set_rng_state.__doc__ = setter.__doc__
     set_rng_state.__name__ = getattr(setter, "__name__", "set_rng_state")
     return set_rng_state
 
 
+# The compile thread's rows of the hooks registry (Note [The hooks registry], hooks.py).
+RNG_ROWS = tuple(Patch("rng-guard", owner, "set_rng_state", _skipped_on_compile_thread)
+                 for owner in _RNG_SETTERS)
+
+
 def guard_rng_setters() -> None:
     """Install Note [Compiles never rewind the program's random stream] (idempotent)."""
-    for sub, name in _RNG_SETTERS:
-        mod = getattr(torch, sub, None) if sub else torch
-        setter = getattr(mod, name, None) if mod is not None else None
-        if setter is not None and not hasattr(setter, "__ae_wrapped__"):
-            setattr(mod, name, _skipped_on_compile_thread(setter))
+    HOOKS.install(RNG_ROWS)
 
 
 # Note [Compile threads never block exit]
@@ -123,7 +124,7 @@ class _DaemonThread:
         return fut
 
     def _run(self) -> None:
-        _ON_COMPILE_THREAD.on = True  # Note [Compiles never rewind the program's random stream]
+        skip_rng_setters_in_this_thread()  # Note [Compiles never rewind the program's random stream]
         while True:
             job = self._jobs.get()
             if job is None:

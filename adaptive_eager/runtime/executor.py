@@ -53,7 +53,7 @@ for _name in ("AutocastCUDA", "AutocastXPU", "AutocastMPS", "AutocastPrivateUse1
 # and every Python mode above ours when they were recorded. Replaying them must
 # not go through those layers again: autograd would record a second graph (and
 # refuse in-place updates of leaves), autocast would cast a second time, and our own
-# mode would capture the replay (and our torch-function mode would observe it). The
+# mode would capture the replay. The
 # dispatch modes are popped for the duration rather than masked with
 # _DisableTorchDispatch: Python-registered backend kernels (torch.library, e.g. the
 # emulated neuron device) hit an internal assert when a mode is on the stack but
