@@ -9,12 +9,14 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from ..fusion.ir import TensorSpec, Window
-from ..fusion.partition import Region
+
+if TYPE_CHECKING:  # annotations only: the partitioner is not imported at enable()
+    from ..fusion.partition import Region
 
 _TOL = {  # dtype -> (rtol, atol); as torch.testing.assert_close, a little looser
     torch.float16: (1e-2, 1e-3), torch.bfloat16: (3e-2, 1e-2),

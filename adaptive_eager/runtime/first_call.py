@@ -51,7 +51,6 @@ from ..fusion.ir import Window
 from ..fusion.liveness import spec_bytes
 from ..reasons import R
 from .cache import RegionEntry
-from .layouts import explains_layout, input_disagreement
 from .checks import (aliases_any, bits_hash, clone_strided, close, inputs_intact, outputs_match,
                      same_bits, summaries_close, summary)
 
@@ -215,6 +214,10 @@ def _via_host(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
 def layout_why(window: Window, region: Any, entry: RegionEntry, args: list, error: BaseException) -> str:
     """`` [layout: input ...]`` when a compiled call's error is about strides and an
     argument's layout is not the one it was compiled for (layouts.py), else ``""``."""
+    # layouts imports the fx lowering: not at enable() (Note [The compiled executor is
+    # built at the first window], runtime/deferred.py); an error path, so imported here.
+    from .layouts import explains_layout, input_disagreement  # noqa: PLC0415
+
     if not explains_layout(error):
         return ""
     found = input_disagreement(window, region, args, entry.compiled_for)
