@@ -223,6 +223,7 @@ class _Worker:
             path = os.path.join(self._dir, f"{next(self._jobs)}.bin")
             try:
                 _send(proc.stdin, (payload, path))
+                warm_loader()  # Note [The loader is warmed while the worker compiles]
                 status, detail = _recv(proc.stdout)
             except (OSError, EOFError, pickle.UnpicklingError) as e:
                 if self._closed:
@@ -303,6 +304,42 @@ def compile_in_worker(gm: fx.GraphModule, example_inputs: list) -> Callable[...,
     in-process instead) and :class:`CompileError` when Inductor fails on the graph.
     """
     return _WORKER.compile(gm, example_inputs)
+
+
+# Note [The loader is warmed while the worker compiles]
+# The first ``CompiledArtifact.load`` in a process pays Inductor's one-time set-up on the
+# service thread: imports (compile_fx, codecache, AOTAutograd's cache entries; 0.8-0.9 s
+# CPU) and ``codecache.torch_key()`` (a hash of torch's sources, ~0.3 s), holding the GIL
+# against the program at the very moment a region arrives. Measured on a saved artifact
+# (``python -m benchmarks.first_region``, load average 6.5): 1.0 s thread CPU for the first
+# load, 0.2-0.3 s after the warm-up, 6 ms for later ones. So the service thread pays the
+# set-up while it waits for the worker's first compile (seconds, with nothing else to do),
+# when the program runs eagerly anyway, not at the region's arrival. The vector ISA
+# checks are not warmed: whether Inductor may trust them is the worker's verdict, which
+# comes with the artifact (Note [The vector ISA probe is remembered]).
+_LOADER_MODULES = ("torch._inductor.standalone_compile", "torch._inductor.compile_fx",
+                   "torch._inductor.codecache", "torch._inductor.output_code",
+                   "torch._functorch._aot_autograd.aot_autograd_result",
+                   "torch._inductor.async_compile", "torch._inductor.runtime.compile_tasks")
+_LOADER_WARM: list[bool] = []  # one entry once warmed (a flag, process-wide like _WORKER)
+
+
+def warm_loader() -> None:
+    """Pay the first artifact load's one-time set-up now (see the Note); idempotent, and
+    never raises (the load pays it instead)."""
+    if _LOADER_WARM:
+        return
+    _LOADER_WARM.append(True)
+    import importlib  # noqa: PLC0415
+
+    try:
+        for name in _LOADER_MODULES:
+            importlib.import_module(name)
+        from torch._inductor.codecache import torch_key  # noqa: PLC0415
+
+        torch_key()
+    except Exception as e:  # noqa: BLE001 - an optional head start
+        log.debug("adaptive_eager: warming the artifact loader failed: %s: %s", type(e).__name__, e)
 
 
 def load_artifact(data: bytes) -> Callable[..., Any]:
