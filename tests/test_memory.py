@@ -214,16 +214,18 @@ def test_a_large_region_whose_compiled_values_differ_runs_eagerly(caplog):
     assert any("differ" in r.getMessage() for r in caplog.records)
 
 
-def test_a_large_region_that_writes_an_input_it_only_reads_raises():
-    def scribbler(gm, example):
-        def run(*args):
-            outs = gm(*args)
-            args[0].add_(1000.0)
-            return outs
-        return run
+def _scribbler(gm, example):
+    """A compile function whose code also writes its first input."""
+    def run(*args):
+        outs = gm(*args)
+        args[0].add_(1000.0)
+        return outs
+    return run
 
+
+def test_a_large_region_that_writes_an_input_it_only_reads_raises():
     x, p = torch.randn(1 << 14), torch.zeros(1 << 14)
-    ex = _executor(scribbler)
+    ex = _executor(_scribbler)
     with pytest.raises(CompiledCodeWroteInput, match="only reads"):
         ex.run(_window(x, p))
     assert ex.counters.compile_failures == 1
@@ -249,15 +251,8 @@ def test_a_large_regions_checked_results_are_kept_when_values_are_not_verified()
 
 
 def test_a_large_region_that_writes_what_it_reads_raises_unverified_too():
-    def scribbler(gm, example):
-        def run(*args):
-            outs = gm(*args)
-            args[0].add_(1000.0)
-            return outs
-        return run
-
     x = torch.randn(1 << 14)
-    ex = _executor(scribbler, verify_compiled=False)
+    ex = _executor(_scribbler, verify_compiled=False)
     with pytest.raises(CompiledCodeWroteInput, match="only reads"):
         ex.run(_read_only_window(x))
     assert ex.counters.compile_failures == 1 and ex.counters.compiled_calls == 0
