@@ -279,6 +279,28 @@ def test_summaries_of_finite_tensors_equal_the_masked_formula():
         assert got[2:4] == pytest.approx(want[2:4], rel=1e-12, abs=1e-12)
 
 
+def test_close_agrees_with_allclose_nan_and_infinity_included():
+    # Note [Closeness in four passes] (checks.py): the fast path only ever says True
+    from adaptive_eager.runtime.checks import _FAST_CLOSE_NUMEL, _TOL, close
+
+    g = torch.Generator().manual_seed(1)
+    n = _FAST_CLOSE_NUMEL + 3
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        rtol, atol = _TOL.get(dtype, (1e-4, 1e-5))
+        a = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+        edge = (atol + rtol * a.abs()).to(dtype)   # right at the tolerance, both sides
+        pairs = [(a, b) for b in (a.clone(), a + edge * 0.5, a + edge * 2, a + edge)]
+        for special in (float("nan"), float("inf"), -float("inf")):
+            for x, y in list(pairs[:2]):
+                x, y = x.clone(), y.clone()
+                y[7] = special
+                pairs.append((x, y.clone()))          # on one side
+                x[7] = special
+                pairs.append((x, y))                  # the same on both sides
+        for x, y in pairs:
+            assert close(x, y) == torch.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True)
+
+
 # -- the emulated device: a training loop's device memory ---------------------------------
 
 def _train(ctx, steps=6):

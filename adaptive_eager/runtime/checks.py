@@ -32,7 +32,28 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     if not (a.dtype.is_floating_point or a.dtype.is_complex):
         return bool(torch.equal(a, b))
     rtol, atol = _TOL.get(a.dtype, (1e-4, 1e-5))
+    if a.dtype in (torch.float32, torch.float64) and a.numel() >= _FAST_CLOSE_NUMEL \
+            and _all_finite_close(a, b, rtol, atol):
+        return True
     return bool(torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True))
+
+
+# Note [Closeness in four passes]
+# torch.allclose builds isclose's mask through a dozen temporaries: 346 ms for 16M floats
+# on one thread, against 23 ms for torch.equal; the first call of a compiled AdamW step
+# compares every parameter and state tensor so (the arrival spike of issue 22, item 3).
+# |a - b| <= atol + rtol * |b| with in-place ops is the same test, in the same float
+# arithmetic, for finite elements; a NaN or an infinity anywhere makes it fail (NaN
+# compares false), and then torch.allclose decides, NaN and infinity rules included. So
+# True here means allclose says True. Measured: fp32[4096, 4096], one thread, 334 -> 110 ms
+# when close (479 ms when not: both run).
+_FAST_CLOSE_NUMEL = 1 << 16
+
+
+def _all_finite_close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
+    diff = torch.sub(a, b).abs_()
+    allowed = b.abs().mul_(rtol).add_(atol)
+    return bool(diff.le_(allowed).all())
 
 
 def meta_problem(t: Any, spec: TensorSpec) -> str | None:
