@@ -59,12 +59,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--size", default="small")
     ap.add_argument("--json", default=None, help="write per-step records here")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the demo's default: 1)")
     args = ap.parse_args(argv)
     root = args.caches or tempfile.mkdtemp(prefix="ae-arrival-")
     _set_caches(root)
     import torch  # noqa: PLC0415 - after the cache variables are set
 
     from adaptive_eager import demo, session  # noqa: PLC0415
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
 
     load0 = os.getloadavg()[0]
     eager = _steps(demo.build(args.model, args.size), args.eager_steps)[2:]
@@ -81,7 +85,9 @@ def main(argv: list[str] | None = None) -> None:
             queued.append(time.perf_counter() - t_start)
         rows.append({"step": i, "t": time.perf_counter() - t_start,
                      "in_flight": counters.compiles_in_flight,
-                     "arrived": counters.regions_compiled + counters.regions_from_disk})
+                     # a compiled optimizer step counts from its first compiled run
+                     "arrived": counters.regions_compiled + counters.regions_from_disk
+                     + (counters.optimizer_steps_compiled > 0)})
 
     kids0 = demo._children_cpu_s()
     with session.adaptive_eager():
