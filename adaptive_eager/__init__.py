@@ -74,9 +74,9 @@ def __getattr__(name: str) -> Any:
 
 
 # Note [Lazy imports finish before a Ctrl-C]
-# The public names import the runtime on first use (networkx, torch's decompositions:
-# 0.5-2 s on a loaded machine). A SIGINT landing in that import left half-initialized
-# modules in sys.modules, and every later import of the package failed ("Algorithm
+# The public names import the runtime on first use (networkx until 2026-12-02, torch's
+# decompositions: 0.5-2 s on a loaded machine). A SIGINT landing in that import left
+# half-initialized modules in sys.modules, and every later import of the package failed ("Algorithm
 # already exists in dispatch namespace" from networkx) though the program caught the
 # KeyboardInterrupt, as a loop stopped by Ctrl-C does (tests/test_faults_flush.py's
 # SIGINT trials, first trial, on a loaded machine). So in the main thread the import runs

@@ -215,3 +215,45 @@ def test_vector_isa_verdict_is_recorded_only_when_every_isa_passed(tmp_path):
     assert not store().isa_ok()
     s.note_isa(True)
     assert s.isa_ok() and store().isa_ok()
+
+
+def test_only_the_vector_isa_inductor_picks_is_probed(monkeypatch):
+    # Note [Only the picked vector ISA is probed] (compile_worker.py): one probe build,
+    # of the first ISA the CPU's flags allow, not one per allowed ISA.
+    import platform
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor import cpu_vec_isa
+
+    from adaptive_eager.runtime.compile_worker import probe_picked_isa
+
+    probed = []
+
+    class FakeISA:
+        def __init__(self, name, ok):
+            self.name, self.ok = name, ok
+
+        def __str__(self):
+            return self.name
+
+        def __bool__(self):
+            probed.append(self.name)
+            return self.ok
+
+    isas = [FakeISA("amx_tile", True), FakeISA("avx512", True), FakeISA("avx2", True)]
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(cpu_vec_isa, "supported_vec_isa_list", isas)
+    monkeypatch.setattr(cpu_vec_isa, "x86_isa_checker", lambda: ["avx512", "avx2"])
+    monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    with inductor_config.patch({"cpp.vec_isa_ok": None, "cpp.simdlen": None}):
+        assert probe_picked_isa() is True
+        assert probed == ["avx512"]  # amx_tile not allowed by the flags; avx2 never built
+        isas[1].ok = False
+        assert probe_picked_isa() is False  # Inductor then probes them all, as before
+        probed.clear()
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # the user's choice: Inductor's pick
+        assert probe_picked_isa() is None and probed == []
+        monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+        with inductor_config.patch({"cpp.simdlen": 256}):
+            assert probe_picked_isa() is None and probed == []

@@ -214,19 +214,91 @@ def test_a_large_region_whose_compiled_values_differ_runs_eagerly(caplog):
     assert any("differ" in r.getMessage() for r in caplog.records)
 
 
-def test_a_large_region_that_writes_an_input_it_only_reads_raises():
-    def scribbler(gm, example):
-        def run(*args):
-            outs = gm(*args)
-            args[0].add_(1000.0)
-            return outs
-        return run
+def _scribbler(gm, example):
+    """A compile function whose code also writes its first input."""
+    def run(*args):
+        outs = gm(*args)
+        args[0].add_(1000.0)
+        return outs
+    return run
 
+
+def test_a_large_region_that_writes_an_input_it_only_reads_raises():
     x, p = torch.randn(1 << 14), torch.zeros(1 << 14)
-    ex = _executor(scribbler)
+    ex = _executor(_scribbler)
     with pytest.raises(CompiledCodeWroteInput, match="only reads"):
         ex.run(_window(x, p))
     assert ex.counters.compile_failures == 1
+
+
+def _read_only_window(x):
+    s = TensorSpec.of(x)
+    nodes = (OpNode(aten.mul.Tensor, (ValueRef(0), 2.0), (), (1,)),
+             OpNode(aten.sin.default, (ValueRef(1),), (), (2,)))
+    return Window({0: x}, nodes, {0: s, 1: s, 2: s}, frozenset({2}))
+
+
+def test_a_large_regions_checked_results_are_kept_when_values_are_not_verified():
+    # Note [A large region's checked results are kept] (first_call.py): no eager run at the
+    # first call of a region that writes nothing; with verify_compiled, eager runs as before.
+    x = torch.randn(1 << 14)
+    for verify, calls in ((False, 3), (True, 2)):
+        ex = _executor("eager", verify_compiled=verify)
+        for _ in range(3):
+            out = ex.run(_read_only_window(x)).values
+        torch.testing.assert_close(out[2], (x * 2).sin(), rtol=0, atol=0)
+        assert ex.counters.compiled_calls == calls and ex.counters.compile_failures == 0
+
+
+def test_a_large_region_that_writes_what_it_reads_raises_unverified_too():
+    x = torch.randn(1 << 14)
+    ex = _executor(_scribbler, verify_compiled=False)
+    with pytest.raises(CompiledCodeWroteInput, match="only reads"):
+        ex.run(_read_only_window(x))
+    assert ex.counters.compile_failures == 1 and ex.counters.compiled_calls == 0
+
+
+def test_summaries_of_finite_tensors_equal_the_masked_formula():
+    # Note [Summaries of finite tensors take two passes] (checks.py)
+    from adaptive_eager.runtime.checks import summary
+
+    def masked(t):
+        finite = torch.isfinite(t)
+        x = torch.where(finite, t, 0).to(torch.float64)
+        nan = int(torch.isnan(t).sum())
+        return (tuple(t.shape), t.dtype, float(x.sum()), float(x.abs().sum()), nan,
+                int(t.numel() - nan - finite.sum()))
+
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randn(1000, generator=g), torch.randn(37, 5, generator=g).to(torch.bfloat16),
+             torch.tensor([1.0, float("nan"), -float("inf"), 2.0]), torch.zeros(0),
+             torch.tensor([3e38, 3e38, -1.0])]
+    for t in cases:
+        got, want = summary(t), masked(t)
+        assert got[:2] == want[:2] and got[4:] == want[4:]
+        assert got[2:4] == pytest.approx(want[2:4], rel=1e-12, abs=1e-12)
+
+
+def test_close_agrees_with_allclose_nan_and_infinity_included():
+    # Note [Closeness in four passes] (checks.py): the fast path only ever says True
+    from adaptive_eager.runtime.checks import _FAST_CLOSE_NUMEL, _TOL, close
+
+    g = torch.Generator().manual_seed(1)
+    n = _FAST_CLOSE_NUMEL + 3
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        rtol, atol = _TOL.get(dtype, (1e-4, 1e-5))
+        a = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+        edge = (atol + rtol * a.abs()).to(dtype)   # right at the tolerance, both sides
+        pairs = [(a, b) for b in (a.clone(), a + edge * 0.5, a + edge * 2, a + edge)]
+        for special in (float("nan"), float("inf"), -float("inf")):
+            for x, y in list(pairs[:2]):
+                x, y = x.clone(), y.clone()
+                y[7] = special
+                pairs.append((x, y.clone()))          # on one side
+                x[7] = special
+                pairs.append((x, y))                  # the same on both sides
+        for x, y in pairs:
+            assert close(x, y) == torch.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True)
 
 
 # -- the emulated device: a training loop's device memory ---------------------------------

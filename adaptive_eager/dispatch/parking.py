@@ -163,14 +163,18 @@ def block_left(mode: Any) -> None:
 # steps, 0.1 s eagerly, 1.4-1.8 s under the runtime in a fresh process, nothing
 # captured: the "20x" of issue 16).
 def import_dynamo() -> None:
-    """Import torch._dynamo now (Note [Import Dynamo before capture]); idempotent."""
-    if "torch._dynamo" in sys.modules:
+    """Import torch._dynamo now (Note [Import Dynamo before capture]), and the compile
+    pipeline (Note [The compiled executor is built at the first window],
+    runtime/deferred.py); idempotent."""
+    if "torch._dynamo" in sys.modules and "adaptive_eager.runtime.compiled" in sys.modules:
         return
     from . import interrupts  # noqa: PLC0415 - a leaf module
+    from ..runtime.deferred import import_compiled  # noqa: PLC0415
 
     try:
         with interrupts.critical():  # not half-imported by a Ctrl-C (Note [Interrupts wait for the flush])
             import torch._dynamo  # noqa: F401, PLC0415
+            import_compiled()
     except Exception:  # noqa: BLE001 - an optional speed-up; the first op imports it anyway
         _PARK_LOG.debug("adaptive_eager: importing torch._dynamo failed", exc_info=True)
 

@@ -23,9 +23,8 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping
 
-import networkx as nx
 import torch
 
 from .ir import Window
@@ -64,14 +63,48 @@ class StorageRoots:
         return self.groups.get(r, r)
 
 
-def build_dag(window: Window, groups: Mapping[int, int]) -> nx.DiGraph:
+# Note [A DAG of lists, not networkx]
+# The partitioner needs a node's predecessors and the edge list, nothing else. networkx did
+# that until 2026-12-02, and importing it cost ~180-280 ms CPU in every process run with
+# ADAPTIVE_EAGER=1 (it imports every algorithm it has), the largest part of the fixed cost
+# (issue 22, item 5). Imported lazily instead, at the first partition, it landed inside a
+# measured window and made it look too dear to compile. Two tuples of tuples need no import.
+@dataclass(frozen=True)
+class Dag:
+    """A DAG over nodes ``0..n-1`` whose ids are a topological order (program order).
+
+    ``preds[i]``: the nodes ``i`` depends on, ascending.
+
+    Example::
+
+        >>> d = Dag(((), (0,), (0, 1)))
+        >>> sorted(d.edges), d.has_edge(1, 2), list(d.predecessors(2))
+        ([(0, 1), (0, 2), (1, 2)], True, [0, 1])
+    """
+
+    preds: tuple[tuple[int, ...], ...]
+
+    def number_of_nodes(self) -> int:
+        return len(self.preds)
+
+    def predecessors(self, i: int) -> tuple[int, ...]:
+        return self.preds[i]
+
+    def has_edge(self, a: int, b: int) -> bool:
+        return a in self.preds[b]
+
+    @property
+    def edges(self) -> Iterator[tuple[int, int]]:
+        return ((p, i) for i, ps in enumerate(self.preds) for p in ps)
+
+
+def build_dag(window: Window, groups: Mapping[int, int]) -> Dag:
     """The dependency DAG of ``window`` (see module docstring).
 
     ``groups`` comes from :func:`storage_groups` (or an equivalent, structural map).
     """
     roots = StorageRoots(window.alias_root, groups)
-    g = nx.DiGraph()
-    g.add_nodes_from(range(len(window.nodes)))
+    preds: list[tuple[int, ...]] = []
     creator: dict[int, int] = {}
     last_write: dict[int, int] = {}
     reads_since: dict[int, list[int]] = {}
@@ -94,7 +127,7 @@ def build_dag(window: Window, groups: Mapping[int, int]) -> nx.DiGraph:
                 deps.add(w)
             deps.update(reads_since.get(r, ()))
         deps.discard(i)
-        g.add_edges_from((d, i) for d in deps)
+        preds.append(tuple(sorted(deps)))
         for r in read_roots - write_roots:
             reads_since.setdefault(r, []).append(i)
         for r in write_roots:
@@ -107,10 +140,10 @@ def build_dag(window: Window, groups: Mapping[int, int]) -> nx.DiGraph:
                 if window.alias_root.get(vid, vid) == vid:
                     # A fresh (non-view) result is a new storage, written by this node.
                     last_write[vid] = i
-    return g
+    return Dag(tuple(preds))
 
 
-def ancestor_masks(g: nx.DiGraph) -> list[int]:
+def ancestor_masks(g: Dag) -> list[int]:
     """``masks[i]``: bitset of every node from which ``i`` is reachable (program order)."""
     masks = [0] * g.number_of_nodes()
     for i in range(len(masks)):  # node ids are a topological order (program order)
@@ -121,4 +154,4 @@ def ancestor_masks(g: nx.DiGraph) -> list[int]:
     return masks
 
 
-__all__ = ["storage_groups", "StorageRoots", "build_dag", "ancestor_masks"]
+__all__ = ["storage_groups", "StorageRoots", "Dag", "build_dag", "ancestor_masks"]

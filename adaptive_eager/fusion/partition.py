@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Mapping
 
-from .graph import StorageRoots, ancestor_masks, build_dag
+from .graph import Dag, StorageRoots, ancestor_masks, build_dag
 from .aliasing import rebase
 from .indices import IndexUse, entry_value, index_uses
 from .ir import OpNode, Window
@@ -229,7 +229,7 @@ def _close(window: Window, nodes: list[int], readers: Mapping[int, list[int]],
                   derived)
 
 
-def check(window: Window, part: Partition, dag) -> None:  # noqa: ANN001 - networkx graph
+def check(window: Window, part: Partition, dag: Dag) -> None:
     """Invariants, like ``Graph.lint()``: every node once; steps respect every DAG edge."""
     position: dict[int, int] = {}
     for s, region in enumerate(part.steps):

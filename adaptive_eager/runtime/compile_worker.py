@@ -68,8 +68,8 @@ THREADS_META = "adaptive_eager_num_threads"
 # (runtime/region_store.py): set by the compile function that produced them.
 ARTIFACT_BYTES = "adaptive_eager_artifact_bytes"
 
-# gm.meta key: whether an earlier process found every vector ISA the CPU's flags allow
-# usable (Note [The vector ISA probe is remembered], runtime/region_store.py).
+# gm.meta key: whether an earlier process saw the vector ISA Inductor picks pass its probe
+# (Note [The vector ISA probe is remembered], runtime/region_store.py).
 ISA_META = "adaptive_eager_vec_isa_ok"
 # The attribute a compiled artifact carries the worker's probe verdict in (isa_probed()).
 ISA_PROBED = "adaptive_eager_isa_probed"
@@ -91,6 +91,39 @@ def isa_probed() -> bool | None:
     allowed = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list
                if all(flag in flags for flag in str(isa).split())]
     return bool(allowed) and [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()] == allowed
+
+
+# Note [Only the picked vector ISA is probed]
+# Inductor's first kernel in a fresh process probes every vector ISA the CPU's flags allow
+# (``cpu_vec_isa.valid_vec_isa_list``: amx, avx512_vnni, avx512, avx2 here), each a g++
+# build of ATen's vector headers, and then uses the first that passed. On a fresh machine
+# that was most of the first compile's wait: 10.6 s CPU in g++ (30 s wall at load average
+# 7), against 1.4 s once the libraries are in Inductor's cache (``/tmp/w34_phases.py``-style
+# measurement in the commit that added this). The worker probes only the ISA Inductor
+# would pick (the first the flags allow; its own checks, the same build), and when it
+# passes tells Inductor every ISA is usable (``cpp.vec_isa_ok``), which then picks that
+# same first ISA without probing the rest. When it fails, Inductor probes as before. Not
+# done when the user chose (TORCHINDUCTOR_VEC_ISA_OK, ATEN_CPU_CAPABILITY,
+# ``cpp.simdlen``): Inductor's pick is then not the first allowed ISA.
+def probe_picked_isa() -> bool | None:
+    """Probe the vector ISA Inductor would pick (see the Note): True when it passed, False
+    when it failed, None when the shortcut does not apply (a user's choice, not x86)."""
+    import platform  # noqa: PLC0415
+
+    if _ISA_ENV in os.environ or os.environ.get("ATEN_CPU_CAPABILITY") or \
+            platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    from torch._inductor import config as inductor_config  # noqa: PLC0415 - heavy, lazy
+    from torch._inductor import cpu_vec_isa  # noqa: PLC0415
+
+    if inductor_config.cpp.vec_isa_ok is not None or inductor_config.cpp.simdlen is not None:
+        return None
+    flags = cpu_vec_isa.x86_isa_checker()
+    allowed = [isa for isa in cpu_vec_isa.supported_vec_isa_list
+               if all(flag in flags for flag in str(isa).split())]
+    if not allowed:
+        return None
+    return bool(allowed[0])
 
 
 @contextlib.contextmanager
@@ -190,6 +223,7 @@ class _Worker:
             path = os.path.join(self._dir, f"{next(self._jobs)}.bin")
             try:
                 _send(proc.stdin, (payload, path))
+                warm_loader()  # Note [The loader is warmed while the worker compiles]
                 status, detail = _recv(proc.stdout)
             except (OSError, EOFError, pickle.UnpicklingError) as e:
                 if self._closed:
@@ -272,6 +306,42 @@ def compile_in_worker(gm: fx.GraphModule, example_inputs: list) -> Callable[...,
     return _WORKER.compile(gm, example_inputs)
 
 
+# Note [The loader is warmed while the worker compiles]
+# The first ``CompiledArtifact.load`` in a process pays Inductor's one-time set-up on the
+# service thread: imports (compile_fx, codecache, AOTAutograd's cache entries; 0.8-0.9 s
+# CPU) and ``codecache.torch_key()`` (a hash of torch's sources, ~0.3 s), holding the GIL
+# against the program at the very moment a region arrives. Measured on a saved artifact
+# (``python -m benchmarks.first_region``, load average 6.5): 1.0 s thread CPU for the first
+# load, 0.2-0.3 s after the warm-up, 6 ms for later ones. So the service thread pays the
+# set-up while it waits for the worker's first compile (seconds, with nothing else to do),
+# when the program runs eagerly anyway, not at the region's arrival. The vector ISA
+# checks are not warmed: whether Inductor may trust them is the worker's verdict, which
+# comes with the artifact (Note [The vector ISA probe is remembered]).
+_LOADER_MODULES = ("torch._inductor.standalone_compile", "torch._inductor.compile_fx",
+                   "torch._inductor.codecache", "torch._inductor.output_code",
+                   "torch._functorch._aot_autograd.aot_autograd_result",
+                   "torch._inductor.async_compile", "torch._inductor.runtime.compile_tasks")
+_LOADER_WARM: list[bool] = []  # one entry once warmed (a flag, process-wide like _WORKER)
+
+
+def warm_loader() -> None:
+    """Pay the first artifact load's one-time set-up now (see the Note); idempotent, and
+    never raises (the load pays it instead)."""
+    if _LOADER_WARM:
+        return
+    _LOADER_WARM.append(True)
+    import importlib  # noqa: PLC0415
+
+    try:
+        for name in _LOADER_MODULES:
+            importlib.import_module(name)
+        from torch._inductor.codecache import torch_key  # noqa: PLC0415
+
+        torch_key()
+    except Exception as e:  # noqa: BLE001 - an optional head start
+        log.debug("adaptive_eager: warming the artifact loader failed: %s: %s", type(e).__name__, e)
+
+
 def load_artifact(data: bytes) -> Callable[..., Any]:
     """A saved ``standalone_compile`` artifact (binary format) loaded in this process; it
     carries ``data`` as ``backends.ARTIFACT_BYTES``, for the disk cache."""
@@ -313,11 +383,13 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
             _send(out, ("unavailable", f"worker cannot load the graph: {type(e).__name__}: {e}"))
             continue
         try:
-            with torch.no_grad(), trusted_vec_isa(isa_ok):
+            # Note [Only the picked vector ISA is probed]
+            picked = None if isa_ok else probe_picked_isa()
+            with torch.no_grad(), trusted_vec_isa(isa_ok or picked is True):
                 art = standalone_compile(gm, example, dynamic_shapes="from_example_inputs")
             art.save(path=path, format="binary")
             # told: Inductor's ISA lists now hold what it was told, not what a probe found
-            _send(out, ("ok", None if isa_ok else isa_probed()))
+            _send(out, ("ok", None if isa_ok else True if picked else isa_probed()))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
             _send(out, ("compile_error", f"{type(e).__name__}: {e}"[:2000]))
 

@@ -134,12 +134,15 @@ def environment() -> str:
 # Before its first CPU kernel in a process, Inductor probes each vector ISA the CPU's flags
 # allow: it compiles a test library per ISA (once per machine: 9.7 s cold on this 2-core
 # machine) and loads each in a fresh Python subprocess (every process: 15 subprocesses,
-# 1.4-3.4 s, measured in CompiledArtifact.load). When a process saw every allowed ISA pass,
-# it records so in the disk cache (keyed by environment(): CPU flags, torch, compiler), and
-# later processes, the compile worker and the loads here, tell Inductor so
-# (``cpp.vec_isa_ok``), which then picks the same ISA without probing. A user's own
-# TORCHINDUCTOR_VEC_ISA_OK wins. A CPU where some ISA failed its probe keeps probing.
-_ISA_RECORD = b"all allowed vector ISAs passed their probe"
+# 1.4-3.4 s, measured in CompiledArtifact.load). When a process saw the ISA Inductor picks
+# pass its probe (Note [Only the picked vector ISA is probed], compile_worker.py; every
+# allowed ISA, when Inductor probed them all), it records so in the disk cache (keyed by
+# environment(): CPU flags, torch, compiler), and later processes, the compile worker and
+# the loads here, tell Inductor so (``cpp.vec_isa_ok``), which then picks the same ISA
+# without probing. A user's own TORCHINDUCTOR_VEC_ISA_OK wins. A CPU where the picked ISA
+# failed its probe keeps probing. (The record's text changed on 2026-12-02 with its
+# meaning: records written before are not read, and the next process probes once.)
+_ISA_RECORD = b"the vector ISA Inductor picks passed its probe"
 
 
 class RegionStore:
@@ -180,27 +183,29 @@ class RegionStore:
         assert self.codec is not None
         if self.backend != "inductor":
             return self.codec.load(data)
-        from .compile_worker import isa_probed, trusted_vec_isa  # noqa: PLC0415
+        from .compile_worker import isa_probed, probe_picked_isa, trusted_vec_isa  # noqa: PLC0415
 
         told = self.isa_ok()
-        with trusted_vec_isa(told):
+        picked = None if told else probe_picked_isa()  # Note [Only the picked vector ISA is probed]
+        with trusted_vec_isa(told or picked is True):
             fn = self.codec.load(data)
         if not told:
-            self.note_isa(isa_probed())
+            self.note_isa(True if picked else isa_probed())
         return fn
 
     def _isa_key(self) -> str:
         return "vec-isa " + hashlib.sha256(environment().encode("utf-8")).hexdigest()
 
     def isa_ok(self) -> bool:
-        """Whether an earlier process saw every allowed vector ISA pass its probe (Note
+        """Whether an earlier process saw the vector ISA Inductor picks pass its probe (Note
         [The vector ISA probe is remembered])."""
         if self._isa_ok is None:
             self._isa_ok = self.cache.get(self._isa_key()) == _ISA_RECORD
         return self._isa_ok
 
     def note_isa(self, probed: bool | None) -> None:
-        """Record a probe's verdict (``compile_worker.isa_probed``) when every ISA passed."""
+        """Record a probe's verdict (``compile_worker.probe_picked_isa`` or ``isa_probed``)
+        when it passed."""
         if probed is True and not self.isa_ok():
             self._isa_ok = self.cache.put(self._isa_key(), _ISA_RECORD)
 
