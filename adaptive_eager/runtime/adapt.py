@@ -3,10 +3,12 @@
 Everything that decides whether the runtime keeps deferring ops lives here and in
 :mod:`.windows`:
 
-* :class:`DeferPolicy` (this module), the session's pass-through policy: fed one
-  :class:`Verdict` per flushed window (by the mode, from ``Executor.run``'s result), asked
-  in O(1) before every new window whether to defer at all, and whether a parked mode
-  should come back (measuring before it captures);
+* :class:`DeferPolicy` (this module), the session's pass-through policy: one
+  :class:`~.phases.Phase` moved by one transition function (``feed``) fed immutable events
+  (runtime/phases.py: a :class:`Verdict` per flushed window, safe points, the reads and
+  steps it counts spans by, parks); asked in O(1) before every new window whether to
+  defer at all, and at safe points whether a parked mode should come back (measuring
+  before it captures);
 * the per-window half (:mod:`.windows`): ``WindowLog``/``WindowHistory`` (one history per
   window key), ``route`` and ``judge`` (what a flush does with a window, and its verdict),
   ``transition`` (a compiled region's states).
@@ -38,6 +40,7 @@ from typing import Any, Callable
 import torch
 
 from .executor import Verdict
+from .phases import ALLOWED, MEASURE_PHASES, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded
 from .windows import CAPTURE_NS_PER_OP
 
 # How many novel windows one "reshaped" novel window counts for (DeferPolicy.note):
@@ -188,22 +191,46 @@ WARMUP_REASON = "warm-up: the first iteration runs eagerly"
 WAITING_REASON = "waiting for compiles in flight"
 
 
-class DeferPolicy:
-    """Stops deferral after ``patience`` windows in a row with nothing worth compiling, or
-    once timed windows show their capture cannot pay (Note [Windows that cannot pay stop
-    deferral]).
+# Safe points count for this many torch calls towards a passing policy's probes: the end
+# of an optimizer step (or a block's entry) stands for a step's worth, a read for a few
+# more than a module call (torch's own reads, an optimizer's step counters, are reads too).
+SAFE_POINT_WEIGHT = 100
+READ_WEIGHT = 10
+MODULE_CALL_WEIGHT = 8
 
-    ``enabled=False`` (option ``adaptive_passthrough``) always defers. Owned by the
-    session; the mode asks :meth:`should_defer` before opening a window and the safe
-    points ask it whether to come back (while it answers False, it answers True once every
-    ``probe_every`` calls' worth, Note [Probes are paid for], so a window is captured now
-    and then and judged again) and it is handed each flushed window's :class:`Verdict`.
+
+def _weight(at: At) -> int:
+    if at is At.STEP or at is At.BLOCK:
+        return SAFE_POINT_WEIGHT
+    return MODULE_CALL_WEIGHT if at is At.MODULE else READ_WEIGHT
+
+
+class DeferPolicy:
+    """The session's deferral policy: one :class:`~.phases.Phase`, moved by one transition
+    function (:meth:`feed`) fed immutable events, with the counters it decides from.
+
+    It stops deferral after ``patience`` windows in a row with nothing worth compiling, or
+    once timed windows show their capture cannot pay (Note [Windows that cannot pay stop
+    deferral]), or once a measure shows ops too cheap to capture (Note [Measure before
+    capturing]; ``measure=True``, as sessions run). ``enabled=False`` (option
+    ``adaptive_passthrough``) always defers, but for growing windows. The mode asks
+    :meth:`should_defer` before opening a window (O(1), on every torch call), the
+    mechanism (dispatch/parking.py) feeds it safe points and gets an :class:`~.phases.Act`
+    back, and each flushed window's :class:`Verdict` is fed to it (:meth:`note`). While
+    passing through it probes once every ``probe_every`` calls' worth (Note [Probes are
+    paid for]). Its own counters (ops passed through while measuring, whole spans) are
+    its own: ``reset_stats()`` does not touch them.
+
+    Example::
+
+        >>> p = DeferPolicy(warmup=True)
+        >>> p.phase, p.feed(WarmupEnded("a read")), p.phase
+        (<Phase.WARMING: 'warming'>, True, <Phase.CAPTURING: 'capturing'>)
     """
 
     def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
                  novel_patience: int = 48, in_flight: Callable[[], int] | None = None,
-                 warmup: bool = False, passed_ops: Callable[[], int] | None = None,
-                 spans: Callable[[], int] | None = None, launch_bound: bool = False):
+                 warmup: bool = False, measure: bool = False, launch_bound: bool = False):
         self.enabled = enabled
         # Note [The first iteration runs eagerly]
         # Capturing a window the first time costs its ops' Python capture (15-90 µs each)
@@ -211,48 +238,51 @@ class DeferPolicy:
         # sighting. So a warming policy starts out passing ops straight through, and
         # capture starts where the program's iterations begin: its first read of a value
         # (``loss.item()``, print, in the program's own code: torch's reads, like AdamW's
-        # of its step count, do not count; the owner calls end_warmup) or the end of its
+        # of its step count, do not count; the owner feeds WarmupEnded) or the end of its
         # first optimizer step (a safe point). A program that does neither starts capturing
         # at the first probe (``probe_every`` calls' worth of safe points). Its first
         # iteration then costs what eager's does, with no capture and no compile.
-        self.warming = enabled and warmup
-        self._in_flight = in_flight
-        self._waiting = False
+        self.phase = Phase.WARMING if enabled and warmup else Phase.CAPTURING
+        self._in_flight = in_flight  # a gauge (compiles in flight), not a statistic
         self.patience = patience
         self.probe_every = probe_every
         self.novel_patience = novel_patience
+        self.measure = measure  # Note [Measure before capturing]
+        self.launch_bound = launch_bound  # Note [Launch-bound devices pay sooner]
+        # -- the verdicts' streaks and sums (note)
+        self._streak = 0
         self._novel_streak = 0
         self._reshaped_streak = 0  # Note [Growing windows stay eager under forced capture]
         self._novel_run = 0  # novel windows in a row (of 4 ops or more)
-        self._growing = ""
-        self._streak = 0
-        self._defer = not self.warming
-        self._calls = 0
-        self._probe = False  # a probe's window is open: defer until its verdict
         self._spent_eager = 0  # Note [Windows that cannot pay stop deferral]
         self._spent_capture = 0
         self._spent_windows = 0
-        self._cannot_pay = ""
-        self._why = "capture from the block's first op" if self._defer else ""
-        self._parked_ns: int | None = None  # Note [Probes are paid for]
+        # -- why: the last move's reason (why_deferring) and the last stop's (reason)
+        self._why = "capture from the block's first op" if self.phase is Phase.CAPTURING else ""
+        self._stopped = ""
+        # -- probes (Note [Probes are paid for]): calls' worth since the last one, and the
+        # last capture phase's length (unparked to parked)
+        self._calls = 0
+        self._parked_ns: int | None = None
         self._unparked_ns: int | None = None
         self._phase_ns = 0
-        # Note [Measure before capturing]: how many ops passed through so far (None: no
-        # measuring, capture starts at once), and where the measure started.
-        self._passed_ops = passed_ops
-        self.launch_bound = launch_bound  # Note [Launch-bound devices pay sooner]
-        # ... and how many whole spans (step to step, read to read) ran on the stack
-        # (Counters.safe_point_seen): a measure covers one, so that the ops a parked
-        # mode runs can be estimated (Note [Counting while passing through]).
-        self._spans = spans
-        self._measure_spans = 0
-        self._measure_end_ns = 0
-        self._settled = True
-        self._decided: str | None = None
-        self.seeding = False
-        self.measuring = False
+        # -- its own counters (Note [Counting while passing through]): ops passed through
+        # on the stack (the mode adds to ``passed``), whole spans on the stack
+        # (read to read, step's end to step's end) and whether a step was ever seen
+        self.passed = 0
+        self._spans = [0, 0]  # [reads, steps]
+        self._open = [False, False]  # a span of that kind started on the stack
+        self._stepped = False
+        # -- the measure under way (Note [Measure before capturing])
         self._measure_ns = 0
+        self._measure_end_ns = 0
         self._measure_ops = 0
+        self._measure_spans = 0
+        self._decided = ""  # why capture was decided (SEEDING), the next CAPTURING's why
+        self._seeds_left = 0
+        # Hot-path copy of "phase is SEEDING with seeds left": read on every op passed
+        # through (Note [Seeding the memo from real runs], dispatch/meta.py).
+        self.seeding = False
         # Called when deferral stops (the mechanism's cue: dispatch/parking.py).
         self.on_stop: Callable[[], None] | None = None
 
@@ -261,43 +291,132 @@ class DeferPolicy:
         """The policy a session with ``options`` runs under (its compiles counted in
         ``counters``)."""
         return cls(options.adaptive_passthrough, warmup=options.warmup,
-                   in_flight=lambda: counters.compiles_in_flight,
-                   passed_ops=lambda: counters.ops_passthrough,
-                   spans=lambda: (counters.span_steps if counters.optimizer_steps
-                                  else counters.span_reads),
+                   in_flight=lambda: counters.compiles_in_flight, measure=True,
                    launch_bound=torch.device(options.device).type != "cpu")
 
     @classmethod
     def never(cls) -> "DeferPolicy":
         """A policy that never defers nor probes (a block closed from another thread)."""
-        p = cls(probe_every=2**62)
-        p._defer = False
-        p._why = ""
+        p = cls()
+        p.phase, p._why = Phase.OFF, ""
         return p
 
-    def end_warmup(self) -> bool:
-        """Start capturing (Note [The first iteration runs eagerly]); True if warming."""
-        if not self.warming:
+    # -- the one transition function ------------------------------------------------------
+    def feed(self, event: Any) -> Any:
+        """Take one event; returns the answer for it: an :class:`~.phases.Act` for a
+        :class:`~.phases.SafePoint`, whether the warm-up ended for
+        :class:`~.phases.WarmupEnded`, else None.
+
+        Example::
+
+            >>> p = DeferPolicy(patience=1)
+            >>> p.feed(Verdict(50)); p.phase
+            <Phase.PASSING: 'passing'>
+            >>> p.feed(SafePoint(At.READ, parked=False))
+            <Act.PARK: 'park'>
+        """
+        kind = type(event)
+        if kind is SafePoint:
+            return self._at_safe_point(event)
+        if kind is Seen:
+            self._seen(event)
+        elif kind is Moved:
+            self._moved(event)
+        elif kind is Verdict:
+            self.note(event)
+        elif kind is WarmupEnded:
+            return self.end_warmup()
+        else:
+            raise TypeError(f"DeferPolicy.feed: not an event: {event!r}")
+        return None
+
+    def _move(self, to: Phase, why: str | None = None) -> bool:
+        """The one place the phase changes (only where ALLOWED says); True if it moved."""
+        if to is not self.phase and to not in ALLOWED[self.phase]:
             return False
-        self.warming = False
-        self._calls = 0
-        self._capture_or_measure("the warm-up ended")
+        self.phase = to
+        self.seeding = to is Phase.SEEDING and self._seeds_left > 0
+        if why is not None:
+            self._why = why
         return True
 
-    def _capture_or_measure(self, why: str) -> None:
-        if self._passed_ops is None or not self.enabled:
-            self._defer = True
-            self._why = why
+    # -- safe points ----------------------------------------------------------------------
+    def _at_safe_point(self, sp: SafePoint) -> Act:
+        if sp.parked:
+            if sp.in_step and sp.at is At.READ:
+                return Act.STAY  # Note [Probes come between optimizer steps] (parking.py)
+            return Act.UNPARK if self.on_stack(_weight(sp.at)) else Act.STAY
+        if sp.pending:
+            return Act.STAY
+        measuring = self.measuring
+        weight = _weight(sp.at) if sp.at is At.BLOCK else 0
+        if not self.on_stack(weight):
+            return Act.PARK
+        if measuring and not self.measuring:
+            return Act.CAPTURE
+        return Act.STAY
+
+    def on_stack(self, weight: int = 1) -> bool:
+        """At a safe point: whether the mode should be on the dispatch-mode stack now
+        (capturing, measuring, or a probe due). Ends a measure that has seen enough
+        (Note [Measure before capturing])."""
+        if self.phase not in MEASURE_PHASES:
+            return self.should_defer(weight) or self.measuring  # a probe measures first
+        now = time.thread_time_ns()
+        in_time = now < self._measure_end_ns
+        spans = self._span_count()
+        if self.phase is Phase.SEEDING:  # the seeding span after a decision to capture
+            if not (in_time and spans == self._measure_spans):
+                self._move(Phase.CAPTURING, self._decided)
+            return True
+        ops = self.passed - self._measure_ops
+        if self.phase is Phase.SETTLING and in_time:
+            if spans != self._measure_spans:
+                # Note [The first span settles]: time from here, one whole span later
+                self._move(Phase.MEASURING)
+                self._measure_ns = time.thread_time_ns()
+                self._measure_ops, self._measure_spans = self.passed, spans
+            return True
+        if in_time and (ops < MEASURE_OPS or spans == self._measure_spans):
+            return True
+        per_op = (now - self._measure_ns) / max(ops, 1)
+        if ops and per_op >= (LAUNCH_MEASURE_NS_PER_OP if self.launch_bound else MEASURE_NS_PER_OP):
+            # Note [Seeding the memo from real runs] (dispatch/meta.py): one more span
+            # passes through, seeding (a plain attribute: asked on passed-through ops)
+            self._decided = f"ops took {per_op / 1e3:.0f} µs each (over {ops} ops): worth capturing"
+            self._seeds_left = SEED_OPS
+            self._measure_spans = spans
+            self._measure_end_ns = now + MEASURE_MAX_NS
+            self._move(Phase.SEEDING)
+            return True
+        self._stop(f"ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through): "
+                   f"less than capturing one costs, so capture cannot pay")
+        return False
+
+    def _seen(self, ev: Seen) -> None:
+        k = 0 if ev.read else 1
+        if not ev.read:
+            self._stepped = True
+        if ev.parked:  # no span runs through a park
             return
-        self.measuring = True  # Note [Measure before capturing]
-        self._why = f"{why}: measuring what ops cost"
-        self._measure_ns = time.thread_time_ns()
-        self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS  # settling included
-        self._measure_ops = self._passed_ops()
-        self._measure_spans = self._spans() if self._spans is not None else 0
-        self._settled = self._spans is None
-        self._decided = None
-        self.seeding = False
+        if self._open[k]:
+            self._spans[k] += 1
+        self._open[k] = True
+
+    def _span_count(self) -> int:
+        return self._spans[1] if self._stepped else self._spans[0]
+
+    def _moved(self, ev: Moved) -> None:
+        if ev.parked:  # Note [Probes are paid for]
+            if self._unparked_ns is not None:
+                self._phase_ns = ev.now_ns - self._unparked_ns
+            self._parked_ns = ev.now_ns
+            self._open = [False, False]
+        else:
+            self._unparked_ns = ev.now_ns
+            self._parked_ns = None
+            if ev.read is not None:
+                self._open[0 if ev.read else 1] = True
 
     def seeded(self) -> None:
         """The mode seeded the memo from one op (Note [Seeding the memo from real runs])."""
@@ -305,62 +424,30 @@ class DeferPolicy:
         if self._seeds_left <= 0:
             self.seeding = False
 
-    def on_stack(self, weight: int = 1) -> bool:
-        """At a safe point: whether the mode should be on the dispatch-mode stack now
-        (capturing, measuring, or a probe due). Ends a measure that has seen enough
-        (Note [Measure before capturing])."""
-        if not self.measuring:
-            return self.should_defer(weight) or self.measuring  # a probe measures first
-        now = time.thread_time_ns()
-        in_time = now < self._measure_end_ns
-        if self._decided is not None:  # the seeding span after a decision to capture
-            if in_time and self._spans() == self._measure_spans:  # type: ignore[misc]
-                return True
-            self.measuring = self.seeding = False
-            self._defer = True
-            self._why, self._decided = self._decided, None
-            return True
-        ops = self._passed_ops() - self._measure_ops  # type: ignore[misc]
-        elapsed = now - self._measure_ns
-        if not self._settled and in_time:
-            if self._spans() == self._measure_spans:  # type: ignore[misc]
-                return True
-            # Note [The first span settles]: time from here, one whole span later
-            self._settled = True
-            self._measure_ns = time.thread_time_ns()
-            self._measure_ops = self._passed_ops()  # type: ignore[misc]
-            self._measure_spans = self._spans()  # type: ignore[misc]
-            return True
-        if in_time and (ops < MEASURE_OPS or (
-                self._spans is not None and self._spans() == self._measure_spans)):
-            return True
-        per_op = elapsed / max(ops, 1)
-        if ops and per_op >= (LAUNCH_MEASURE_NS_PER_OP if self.launch_bound else MEASURE_NS_PER_OP):
-            why = f"ops took {per_op / 1e3:.0f} µs each (over {ops} ops): worth capturing"
-            if self._spans is not None:
-                # Note [Seeding the memo from real runs] (dispatch/meta.py): one more span
-                # passes through, seeding (a plain attribute: asked on passed-through ops)
-                self._decided = why
-                self.seeding = True
-                self._seeds_left = SEED_OPS
-                self._measure_spans = self._spans()
-                self._measure_end_ns = now + MEASURE_MAX_NS
-                return True
-            self.measuring = False
-            self._defer = True
-            self._why = why
-            return True
-        self.measuring = False
-        self._cannot_pay = (
-            f"ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through): "
-            f"less than capturing one costs, so capture cannot pay")
-        self._stop()
-        return False
+    # -- warm-up, measures, stops ----------------------------------------------------------
+    def end_warmup(self) -> bool:
+        """Start capturing (Note [The first iteration runs eagerly]); True if warming."""
+        if self.phase is not Phase.WARMING:
+            return False
+        self._calls = 0
+        self._capture_or_measure("the warm-up ended")
+        return True
 
-    def _stop(self) -> None:
-        self._defer = False
-        self._probe = False
-        if self.on_stop is not None:
+    def _capture_or_measure(self, why: str) -> None:
+        if not self.measure or not self.enabled:
+            self._move(Phase.CAPTURING, why)
+            return
+        self._measure_ns = time.thread_time_ns()
+        self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS  # settling included
+        self._measure_ops = self.passed
+        self._measure_spans = self._span_count()
+        self._move(Phase.SETTLING, f"{why}: measuring what ops cost")
+
+    def _stop(self, why: str | None, to: Phase = Phase.PASSING) -> None:
+        """Deferral stops (``why``: the reason it gives while passing through)."""
+        if why is not None:
+            self._stopped = why
+        if self._move(to) and self.on_stop is not None:
             self.on_stop()
 
     def note(self, verdict: Verdict) -> None:
@@ -375,12 +462,12 @@ class DeferPolicy:
         compile is in flight (``in_flight() == 0``), then resumes to judge the window
         with its compiled regions (Note [Waiting for compiles runs eagerly]).
         """
-        self._probe = False
+        if self.phase is Phase.PROBING:  # the probe's window: its verdict decides
+            self._move(Phase.PASSING)
         n_ops = verdict.ops
         if verdict.pending:
             if self.enabled and self._in_flight is not None:
-                self._waiting = True
-                self._stop()
+                self._stop(None, Phase.WAITING)
             return
         if verdict.worth:
             self._spent_eager = self._spent_capture = self._spent_windows = 0
@@ -391,122 +478,111 @@ class DeferPolicy:
             if self.enabled and self._spent_windows >= 2 and \
                     self._spent_capture >= CANNOT_PAY_EVIDENCE_NS and \
                     self._spent_eager < CANNOT_PAY_SHARE * self._spent_capture:
-                self._cannot_pay = (
-                    f"windows did not pay for their capture: they ran in "
-                    f"{self._spent_eager / 1e6:.1f} ms eagerly and took "
-                    f"{self._spent_capture / 1e6:.1f} ms to capture")
+                why = (f"windows did not pay for their capture: they ran in "
+                       f"{self._spent_eager / 1e6:.1f} ms eagerly and took "
+                       f"{self._spent_capture / 1e6:.1f} ms to capture")
                 self._spent_eager = self._spent_capture = self._spent_windows = 0
-                self._stop()
+                self._stop(why)
                 return
         if verdict.novel:
-            if n_ops >= 4:
-                # ``reshaped``: the same ops as a window seen before, on other shapes (a
-                # sequence length that changes every step). Such windows will not recur
-                # either, and capturing each costs its ops' metadata kernels afresh
-                # (~0.5 ms per op for torch's Python ones), so they count RESHAPED_WEIGHT-
-                # fold: the second reshaped window in a row passes through (measured: a
-                # GPT forward with a new length each step costs 3-4x eager to capture).
-                self._novel_streak += RESHAPED_WEIGHT if verdict.reshaped else 1
-                self._reshaped_streak = self._reshaped_streak + 1 if verdict.reshaped else 0
-                self._novel_run += 1
-                if self.enabled and self._novel_streak >= self.novel_patience:
-                    self._cannot_pay = ""
-                    self._stop()
-                elif not self.enabled and ((verdict.grew and self._novel_run >= 2) or
-                                           self._reshaped_streak >= RESHAPED_STREAK):
-                    # Note [Growing windows stay eager under forced capture]
-                    self._growing = (GROWING_REASON if verdict.grew else RESHAPED_REASON).format(
-                        n=self._reshaped_streak)
-                    self._stop()
+            self._note_novel(verdict)
             return
-        self._novel_streak = 0
-        self._reshaped_streak = 0
-        self._novel_run = 0
+        self._novel_streak = self._reshaped_streak = self._novel_run = 0
         if verdict.worth:
             self._streak = 0
-            if not self._defer:
-                self._why = "a window is worth compiling"
-            self._defer = True
+            if self.phase is not Phase.CAPTURING:
+                self._move(Phase.CAPTURING, "a window is worth compiling")
         elif n_ops >= 4:  # one or two ops say nothing about the program
             self._streak += 1
             if self.enabled and self._streak >= self.patience:
-                self._cannot_pay = ""
-                self._stop()
+                self._stop(f"{self._streak} windows in a row held nothing worth compiling")
+
+    def _note_novel(self, verdict: Verdict) -> None:
+        if verdict.ops < 4:
+            return
+        # ``reshaped``: the same ops as a window seen before, on other shapes (a sequence
+        # length that changes every step). Such windows will not recur either, and
+        # capturing each costs its ops' metadata kernels afresh (~0.5 ms per op for
+        # torch's Python ones), so they count RESHAPED_WEIGHT-fold: the second reshaped
+        # window in a row passes through (measured: a GPT forward with a new length each
+        # step costs 3-4x eager to capture).
+        self._novel_streak += RESHAPED_WEIGHT if verdict.reshaped else 1
+        self._reshaped_streak = self._reshaped_streak + 1 if verdict.reshaped else 0
+        self._novel_run += 1
+        if self.enabled and self._novel_streak >= self.novel_patience:
+            self._stop(f"{self._novel_streak} windows in a row never seen before (they do not recur)")
+        elif not self.enabled and ((verdict.grew and self._novel_run >= 2) or
+                                   self._reshaped_streak >= RESHAPED_STREAK):
+            # Note [Growing windows stay eager under forced capture]
+            self._stop((GROWING_REASON if verdict.grew else RESHAPED_REASON).format(
+                n=self._reshaped_streak))
+
+    # -- what it says -----------------------------------------------------------------------
+    @property
+    def warming(self) -> bool:
+        """Whether the first iteration is still running (Phase.WARMING)."""
+        return self.phase is Phase.WARMING
 
     @property
-    def deferring(self) -> bool:
-        """Whether the policy defers now (without counting a call towards a probe)."""
-        return self._defer
+    def measuring(self) -> bool:
+        """Whether a measure is under way (settling, timing or seeding)."""
+        return self.phase in MEASURE_PHASES
 
     @property
     def reason(self) -> str:
         """Why ops pass straight through now (for logs and the report), or ``""``."""
-        if self._defer:
+        p = self.phase
+        if p is Phase.CAPTURING:
             return ""
-        if self.warming:
+        if p is Phase.WARMING:
             return WARMUP_REASON
-        if self._waiting:
+        if p is Phase.WAITING:
             return WAITING_REASON
-        if self._cannot_pay:
-            return self._cannot_pay
-        if self._growing:
-            return self._growing
-        if self._novel_streak >= self.novel_patience:
-            return f"{self._novel_streak} windows in a row never seen before (they do not recur)"
-        return f"{self._streak} windows in a row held nothing worth compiling"
+        return self._stopped or f"{self._streak} windows in a row held nothing worth compiling"
 
     @property
     def why_deferring(self) -> str:
         """Why the policy defers (or captures a probe) now, for the report's phases."""
         return self._why
 
-    def parked(self, now_ns: int) -> None:
-        """The mechanism parked the mode at ``now_ns`` (Note [Probes are paid for])."""
-        if self._unparked_ns is not None:
-            self._phase_ns = now_ns - self._unparked_ns
-        self._parked_ns = now_ns
-
-    def unparked(self, now_ns: int) -> None:
-        """The mode is back on the stack at ``now_ns``."""
-        self._unparked_ns = now_ns
-        self._parked_ns = None
-
     def should_defer(self, weight: int = 1) -> bool:
-        """O(1). ``weight``: how many calls this one stands for (a safe point at the end
+        """O(1): whether to open a window (the hot path of feeding a call's worth of
+        ticks). ``weight``: how many calls this one stands for (a safe point at the end
         of an optimizer step stands for a step's worth of torch calls)."""
-        if self._defer or self._probe:
+        p = self.phase
+        if p is Phase.CAPTURING or p is Phase.PROBING:
             return True
-        if self.measuring:
+        if p is Phase.WAITING:
+            # Note [Waiting for compiles runs eagerly]: compiles landing end the wait
+            # (no probe meanwhile: the wait ends by itself, compile_timeout_s at most)
+            if self._in_flight() == 0:  # type: ignore[misc]
+                self._move(Phase.CAPTURING, "compiles finished")
+                return True
             return False
-        if self._waiting and self._in_flight() == 0:  # type: ignore[misc]
-            self._waiting = False
-            self._defer = True
-            self._why = "compiles finished"
-            return True
+        if p is not Phase.PASSING and p is not Phase.WARMING:
+            return False  # measuring, seeding, off
         self._calls += weight
-        if self._calls >= self.probe_every:
-            if self._parked_ns is not None and self._phase_ns:
-                # Note [Probes are paid for]: not before the last phase is paid for
-                now = time.perf_counter_ns()
-                if now < self._parked_ns + self._phase_ns / PROBE_SHARE:
-                    self._calls = self.probe_every // 2  # look at the clock again later
-                    return False
-            self._calls = 0
-            if self.warming:
-                self.warming = False
-                self._capture_or_measure("a probe ended the warm-up")
-                return self._defer
-            if self._passed_ops is not None:
-                self._capture_or_measure("a probe")
+        if self._calls < self.probe_every:
+            return False
+        if self._parked_ns is not None and self._phase_ns:
+            # Note [Probes are paid for]: not before the last phase is paid for
+            if time.perf_counter_ns() < self._parked_ns + self._phase_ns / PROBE_SHARE:
+                self._calls = self.probe_every // 2  # look at the clock again later
                 return False
-            self._probe = True
-            self._why = "a probe"
-            return True
-        return False
+        self._calls = 0
+        if p is Phase.WARMING:
+            self._capture_or_measure("a probe ended the warm-up")
+            return self.phase is Phase.CAPTURING
+        if self.measure:
+            self._capture_or_measure("a probe")
+            return False
+        self._move(Phase.PROBING, "a probe")
+        return True
 
 
 __all__ = [
     "RESHAPED_WEIGHT", "RESHAPED_STREAK", "GROWING_REASON", "RESHAPED_REASON", "CANNOT_PAY_EVIDENCE_NS", "CANNOT_PAY_SHARE", "PROBE_SHARE", "MEASURE_OPS",
     "SEED_OPS", "MEASURE_MAX_NS", "MEASURE_NS_PER_OP", "LAUNCH_MEASURE_NS_PER_OP", "WARMUP_REASON",
-    "WAITING_REASON", "DeferPolicy", "Verdict",
+    "WAITING_REASON", "SAFE_POINT_WEIGHT", "READ_WEIGHT", "MODULE_CALL_WEIGHT", "DeferPolicy", "Verdict",
+    "Phase", "Act", "At", "SafePoint", "Seen", "Moved", "WarmupEnded",
 ]

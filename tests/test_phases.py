@@ -1,0 +1,99 @@
+"""The deferral policy as one phase machine (issue 23 item 2): one Phase, moved only where
+runtime/phases.ALLOWED says, by events; its own counters, which reset_stats() cannot touch."""
+
+from __future__ import annotations
+
+import torch
+
+import adaptive_eager as ae
+from adaptive_eager import session
+from adaptive_eager.runtime import adapt
+from adaptive_eager.runtime.adapt import DeferPolicy, Verdict
+from adaptive_eager.runtime.phases import ALLOWED, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded
+
+
+def _recording(policy: DeferPolicy) -> list:
+    """Every phase ``policy`` moves to, in order (checked against ALLOWED on the way)."""
+    seen = [policy.phase]
+    real = policy._move
+
+    def move(to, why=None):
+        before = policy.phase
+        moved = real(to, why)
+        assert moved == (to is before or to in ALLOWED[before]), (before, to)
+        if moved and to is not before:
+            seen.append(to)
+        return moved
+
+    policy._move = move
+    return seen
+
+
+def test_a_measure_moves_warming_settling_measuring_seeding_capturing(monkeypatch):
+    monkeypatch.setattr(adapt, "MEASURE_OPS", 1)
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 0)  # whatever ops cost, capture
+    p = DeferPolicy(warmup=True, measure=True)
+    phases = _recording(p)
+    assert p.feed(SafePoint(At.BLOCK, parked=False)) is Act.PARK  # warming: parked
+    assert p.feed(WarmupEnded("observe:item")) and p.measuring
+    assert p.feed(SafePoint(At.READ, parked=True)) is Act.UNPARK
+    p.feed(Moved(False, 0, read=True))
+    for _ in range(3):  # three reads on the stack: a span settles, one is timed, one seeds
+        p.passed += 5
+        p.feed(Seen(True, parked=False))
+        assert p.feed(SafePoint(At.READ, parked=False)) in (Act.STAY, Act.CAPTURE)
+    assert phases == [Phase.WARMING, Phase.SETTLING, Phase.MEASURING, Phase.SEEDING, Phase.CAPTURING]
+    assert p.why_deferring.endswith("worth capturing") and p.should_defer()
+
+
+def test_cheap_ops_park_and_a_probe_measures_again(monkeypatch):
+    monkeypatch.setattr(adapt, "MEASURE_OPS", 1)
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 10**15)  # nothing is worth capturing
+    stops = []
+    p = DeferPolicy(warmup=True, measure=True, probe_every=3)
+    p.on_stop = lambda: stops.append(p.phase)
+    phases = _recording(p)
+    p.feed(WarmupEnded("optimizer step"))
+    p.feed(Moved(False, 0, read=False))
+    for _ in range(2):
+        p.passed += 5
+        p.feed(Seen(False, parked=False))
+        act = p.feed(SafePoint(At.STEP, parked=False))
+    assert act is Act.PARK and stops == [Phase.PASSING] and "capture cannot pay" in p.reason
+    p.feed(Moved(True, 0))
+    p._phase_ns = 0  # Note [Probes are paid for]: due now
+    acts = [p.feed(SafePoint(At.CALL, parked=True)) for _ in range(3)]  # 10 calls' worth each
+    assert acts == [Act.UNPARK] * 3 and p.phase is Phase.SETTLING  # a probe measures first
+    # reads inside an optimizer step never bring a parked mode back
+    p.phase = Phase.PASSING
+    assert p.feed(SafePoint(At.READ, parked=True, in_step=True)) is Act.STAY
+    assert phases[:4] == [Phase.WARMING, Phase.SETTLING, Phase.MEASURING, Phase.PASSING]
+
+
+def test_no_move_outside_the_table():
+    off = DeferPolicy.never()
+    off.feed(Verdict(50, worth=True))
+    assert off.phase is Phase.OFF and not off.should_defer() and not off.on_stack(10**9)
+    p = DeferPolicy(patience=1)
+    p.feed(Verdict(50))
+    assert p.phase is Phase.PASSING and not p._move(Phase.MEASURING)
+    assert p.reason == "1 windows in a row held nothing worth compiling"
+    waiting = DeferPolicy(in_flight=lambda: 1)
+    waiting.feed(Verdict(50, worth=True, pending=True))
+    assert waiting.phase is Phase.WAITING and waiting.reason == adapt.WAITING_REASON
+    assert not waiting.should_defer(10**9)  # no probe while compiles are in flight
+
+
+def test_reset_stats_every_iteration_does_not_corrupt_the_measure():
+    """A program that zeroes the statistics every iteration (benchmarks do) still parks
+    on ops too cheap to capture: the measure counts its own ops and spans. Before, it
+    counted the process-wide ops passed through, which reset_stats() zeroes, so the
+    measure saw a negative op count and captured after MEASURE_MAX_NS whatever ops cost."""
+    x = torch.randn(8)
+    with ae.adaptive_eager(backend="eager", warmup=True):
+        mode = session.current_mode()
+        for _ in range(400):
+            (x * 2 + 1).sin().sum().item()
+            ae.reset_stats()
+        parked, reason = mode._parked, mode.policy.reason
+    assert parked and "capture cannot pay" in reason, reason
