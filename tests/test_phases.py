@@ -3,6 +3,7 @@ runtime/phases.ALLOWED says, by events; its own counters, which reset_stats() ca
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import adaptive_eager as ae
@@ -97,3 +98,70 @@ def test_reset_stats_every_iteration_does_not_corrupt_the_measure():
             ae.reset_stats()
         parked, reason = mode._parked, mode.policy.reason
     assert parked and "capture cannot pay" in reason, reason
+
+
+# -- Note [Only fusible ops pay for capture] (issue 22 item 5) ----------------------------
+def _loop(step, n: int = 14):
+    with ae.adaptive_eager(backend="eager", warmup=True):
+        mode = session.current_mode()
+        got = [step() for _ in range(n)]
+        parked, reason = mode._parked, mode.policy.reason
+    return got, parked, reason, ae.stats()
+
+
+def _one_thread(fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_one_dear_op_that_cannot_fuse_does_not_make_a_loop_worth_capturing():
+    """A big matmul among tiny pointwise ops: its time is no saving capture could make,
+    so it is left out of the measure and the loop parks, capturing nothing (before, the
+    matmul made every op look ~100x dearer than capturing one, and it captured)."""
+    torch.manual_seed(0)
+    a, b, x = torch.randn(384, 384), torch.randn(384, 384), torch.randn(8)
+
+    def step():
+        y = (x * 2 + 1).sin().cos().exp().neg().abs()
+        return float(torch.mm(a, b).sum() + y.sum())
+
+    ref = _one_thread(lambda: [step() for _ in range(14)])
+    got, parked, reason, s = _one_thread(lambda: _loop(step))
+    assert got == ref
+    assert parked and s.ops_captured == 0, (reason, s.ops_captured)
+    assert "capture cannot pay" in reason and "in ops that cannot fuse left out" in reason, reason
+
+
+def test_an_lstm_lm_parks():
+    torch.manual_seed(0)
+    emb, rnn, out = torch.nn.Embedding(100, 32), torch.nn.LSTM(32, 128), torch.nn.Linear(128, 100)
+    params = [*emb.parameters(), *rnn.parameters(), *out.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1)
+    x, t = torch.randint(0, 100, (20, 8)), torch.randint(0, 100, (20, 8))
+
+    def lm_step():
+        loss = torch.nn.functional.cross_entropy(out(rnn(emb(x))[0]).view(-1, 100), t.view(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    _, parked, reason, s = _one_thread(lambda: _loop(lm_step))
+    assert parked and s.ops_captured == 0, (reason, s.ops_captured)
+    assert "capture cannot pay" in reason and "cannot fuse left out" in reason, reason
+
+
+def test_a_pointwise_heavy_loop_still_captures():
+    big = torch.randn(1 << 20)
+
+    def pointwise_step():
+        return float((big * 2 + 1).sin().cos().exp().sum())
+
+    ref = [pointwise_step() for _ in range(8)]
+    got, _, _, s = _one_thread(lambda: _loop(pointwise_step, 8))
+    assert s.ops_captured > 0 and s.windows > 0
+    assert got == pytest.approx(ref, rel=1e-6)

@@ -1,5 +1,5 @@
 """Values never depend on timing (issue 21 item 4; Note [Timing decides speed, never
-values] in runtime/adapt.py).
+values] in runtime/windows.py).
 
 The runtime decides from timings which windows to capture, which to plan, when a compile
 is given up and when a mode parks. Each decision may change how a program's ops are run

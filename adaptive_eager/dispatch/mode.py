@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from typing import Any
 
 import torch
@@ -168,6 +169,12 @@ class AdaptiveEagerMode(Flushing, TorchDispatchMode):
             self.counters.ops_passthrough += 1
             policy = self.policy
             policy.passed += 1  # the policy's own count (Note [Measure before capturing])
+            if policy.timing and not policy.fusible(func):
+                # Note [Only fusible ops pay for capture] (runtime/adapt.py)
+                t0 = time.thread_time_ns()
+                out = func(*args, **kwargs)
+                policy.unfusible_ns += time.thread_time_ns() - t0
+                return out
             if policy.seeding:  # Note [Seeding the memo from real runs] (meta.py)
                 out = func(*args, **kwargs)
                 policy.seeded()
