@@ -165,3 +165,54 @@ def test_a_pointwise_heavy_loop_still_captures():
     got, _, _, s = _one_thread(lambda: _loop(pointwise_step, 8))
     assert s.ops_captured > 0 and s.windows > 0
     assert got == pytest.approx(ref, rel=1e-6)
+
+
+# -- Note [Occupancy gates capture] (issue 25 item 3) -------------------------------------
+_OCCUPANCY = """
+import json, sys, torch
+import adaptive_eager as ae, adaptive_eager.neuron_sim as ns
+from adaptive_eager import session
+from adaptive_eager.runtime import adapt
+adapt.MEASURE_NS_PER_OP = adapt.LAUNCH_MEASURE_NS_PER_OP = 10**15  # host time never pays
+ns.enable(launch_latency_us=float(sys.argv[1]), async_launch=True)
+x = torch.randn(64)
+def step(t):
+    return ((t * 2 + 1).sin() * 3).sum().item()
+ref = [step(x) for _ in range(12)]
+xn = x.to("neuron")
+with ae.adaptive_eager(device="neuron", backend="eager", warmup=True):
+    got = [step(xn) for _ in range(12)]
+s = ae.stats()
+print(json.dumps({"same": got == ref, "captured": s.ops_captured,
+                  "phases": [p[-1] for p in s.phases.values()]}))
+"""
+
+
+def _occupancy_run(latency_us: float) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    env.pop("ADAPTIVE_EAGER", None)
+    out = subprocess.run([sys.executable, "-c", _OCCUPANCY, str(latency_us)], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_busy_asynchronous_device_makes_capture_free_and_an_idle_one_does_not():
+    """The host's own time never pays here (thresholds forced up): with 5 ms launches the
+    host waits at every read (device-bound) and capture starts anyway; with launches
+    that take no device time it is host-bound and parks by the CPU rule. The report's
+    phases say which regime held, with the figures."""
+    busy = _occupancy_run(5000)
+    assert busy["same"] and busy["captured"] > 0, busy
+    assert any(p.startswith("device-bound (the host waited ") and "capture is free" in p
+               for p in busy["phases"]), busy["phases"]
+    idle = _occupancy_run(0)
+    assert idle["same"] and idle["captured"] == 0, idle
+    assert any(p.startswith("host-bound (") and "capture cannot pay" in p for p in idle["phases"]), idle["phases"]

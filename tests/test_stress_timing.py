@@ -22,7 +22,7 @@ import torch.nn as nn
 
 import adaptive_eager as ae
 from adaptive_eager import session
-from adaptive_eager.runtime import adapt, windows
+from adaptive_eager.runtime import adapt, verdicts, windows
 
 from helpers import assert_same
 
@@ -42,9 +42,9 @@ def busy_core():
 # and every window worth compiling; "park" makes every measure say it cannot pay.
 _SIDES = {
     "capture": {(windows, "CAPTURE_NS_PER_OP"): 0, (adapt, "MEASURE_NS_PER_OP"): 0,
-                (adapt, "LAUNCH_MEASURE_NS_PER_OP"): 0, (adapt, "CANNOT_PAY_EVIDENCE_NS"): 10**18},
+                (adapt, "LAUNCH_MEASURE_NS_PER_OP"): 0, (verdicts, "CANNOT_PAY_EVIDENCE_NS"): 10**18},
     "park": {(windows, "CAPTURE_NS_PER_OP"): 10**12, (adapt, "MEASURE_NS_PER_OP"): 10**15,
-             (adapt, "LAUNCH_MEASURE_NS_PER_OP"): 10**15, (adapt, "CANNOT_PAY_EVIDENCE_NS"): 0},
+             (adapt, "LAUNCH_MEASURE_NS_PER_OP"): 10**15, (verdicts, "CANNOT_PAY_EVIDENCE_NS"): 0},
     "as is": {},
 }
 

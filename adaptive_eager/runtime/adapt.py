@@ -41,57 +41,13 @@ import torch
 
 from ..fusion.policy import fusible
 from .executor import Verdict
+from .occupancy import backlog_probe
+from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, GROWING_REASON, RESHAPED_REASON,
+                       RESHAPED_STREAK, RESHAPED_WEIGHT, Tally)
 from .phases import ALLOWED, MEASURE_PHASES, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded
 from .windows import CAPTURE_NS_PER_OP
 
-# How many novel windows one "reshaped" novel window counts for (DeferPolicy.note):
-# with novel_patience 48, a first sighting and two reshaped ones stop deferral.
-RESHAPED_WEIGHT = 24
-
-# Note [Growing windows stay eager under forced capture]
-# A window that comes back with new shapes every time (nanoGPT's sampling loop: the
-# sequence grows a token a step) never recurs, so nothing compiles for it (Note [First
-# sightings are not planned]), and capturing it costs each op's metadata kernels afresh.
-# With capture forced (adaptive_passthrough off) nothing stopped that: issue 26 measured
-# 120 sampled tokens at 10.5x eager with 0 regions compiled (190x before first sightings
-# were left unplanned, one compile per length). Of bucketing (pads: results differ from
-# eager's), dynamic shapes (a symbolic capture, not built) and staying eager, the policy
-# stays eager: at a window that came back grown (the same ops, every value at least as
-# large as last time: Verdict.grew) right after another novel window, or after
-# RESHAPED_STREAK windows in a row with new shapes, it stops deferring even under forced
-# capture, the report's phase says so, and a probe captures again later (a window that
-# stopped growing recurs and compiles). One larger batch among recurring windows is not
-# growth, nor are an epoch's shorter last batch and an evaluation's (word_language_model
-# parked under forced capture when two reshaped windows in a row were enough).
-# Default options already passed such windows through after two (RESHAPED_WEIGHT); this
-# only adds the forced case. Measured with ``python -m benchmarks.data_patterns sample
-# --reps 7`` (120 tokens, the model made before the block): 2 windows captured, 0 regions
-# compiled; the times are in the README's Limitations.
-RESHAPED_STREAK = 8
-GROWING_REASON = ("staying eager: a window came back grown (a growing sequence); nothing "
-                  "compiles for such windows (no dynamic shapes)")
-RESHAPED_REASON = ("staying eager: {n} windows in a row came back with new shapes; nothing "
-                   "compiles for such windows (no dynamic shapes)")
-
-
 # -- the session's pass-through policy ------------------------------------------------------
-# Note [Windows that cannot pay stop deferral]
-# A window replayed eagerly and timed (a first sighting, or one whose capture cannot pay)
-# tells at once whether capturing it can ever pay: fusing it can save at most its eager
-# run, and its capture (first op to flush) cost more than that. Counting such windows one
-# by one (patience 8 for planned windows, 48 for novel ones) let a small program spend
-# most of its time capturing before it passed through: measured at 64f5bd7 (CPU time, 1
-# thread), a regression with a manual update 1.4x eager over 200 steps (10 windows of 21
-# ops, each ~25x dearer to capture than to run), LBFGS with a closure 3.2x (62 novel
-# windows, 10,694 ops), a tiny nanoGPT 3.5x (771 windows). So the policy also sums, over
-# the timed windows since the last one worth compiling, their eager runs and their
-# captures, and stops deferring once CANNOT_PAY_EVIDENCE_NS of capture has been spent and
-# the eager runs add up to less than CANNOT_PAY_SHARE of it: even capture at that share
-# of today's cost would not break even. The bound on what that costs a program is the
-# evidence itself (a few ms), plus the probes (Note [Probes are paid for]).
-CANNOT_PAY_EVIDENCE_NS = 3_000_000
-CANNOT_PAY_SHARE = 0.5
-
 # Note [Probes are paid for]
 # While passing through, the policy captures a window now and then (a probe) to notice
 # a change (a window that grew, a capture that got cheaper). A probe that finds nothing
@@ -156,6 +112,20 @@ MEASURE_NS_PER_OP = 4 * CAPTURE_NS_PER_OP
 # 20 µs launches): 56-74 µs an op, which the CPU's threshold (60 µs) parked once in three
 # runs, where fused it makes 6 launches a step instead of 48.
 LAUNCH_MEASURE_NS_PER_OP = 2 * CAPTURE_NS_PER_OP
+# Note [Occupancy gates capture]
+# On an asynchronous device (CUDA, Trainium, the emulator with asynchronous launches) the
+# host enqueues a launch and runs ahead; where it reads a value it waits for the device.
+# While the device is the bottleneck (the host waits at its reads), host time spent
+# capturing comes out of that wait: capture is free, and what fusion saves (launches,
+# device time) is what the program waits for. While the host is the bottleneck, capture
+# must pay for itself from host time: the CPU rule (MEASURE_NS_PER_OP). So a measure on
+# such a device also sums, where each read begins, the device's backlog (how long that
+# read will wait: runtime/occupancy.py; the emulator's clock, CUDA's events) and compares
+# the sum with the host's busy time (its thread's CPU time, which other processes on a
+# loaded machine do not inflate, as wall time would): waits of DEVICE_BOUND_SHARE of
+# waits plus busy time or more are device-bound.
+# The report's phase names the regime and the figures. Measured: see README (neuron-sim).
+DEVICE_BOUND_SHARE = 0.25
 
 # Note [Only fusible ops pay for capture]
 # Fusion can only save time inside ops that fuse (fusion.policy.fusible: pointwise,
@@ -217,7 +187,8 @@ class DeferPolicy:
 
     def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
                  novel_patience: int = 48, in_flight: Callable[[], int] | None = None,
-                 warmup: bool = False, measure: bool = False, launch_bound: bool = False):
+                 warmup: bool = False, measure: bool = False, launch_bound: bool = False,
+                 backlog: Callable[[], int] | None = None):
         self.enabled = enabled
         # Note [The first iteration runs eagerly]
         # Capturing a window the first time costs its ops' Python capture (15-90 µs each)
@@ -236,13 +207,11 @@ class DeferPolicy:
         self.novel_patience = novel_patience
         self.measure = measure  # Note [Measure before capturing]
         self.launch_bound = launch_bound  # Note [Launch-bound devices pay sooner]
-        self._streak = 0
-        self._novel_streak = 0
-        self._reshaped_streak = 0  # Note [Growing windows stay eager under forced capture]
-        self._novel_run = 0  # novel windows in a row (of 4 ops or more)
-        self._spent_eager = 0  # Note [Windows that cannot pay stop deferral]
-        self._spent_capture = 0
-        self._spent_windows = 0
+        # Note [Occupancy gates capture]: the asynchronous device's backlog (ns) where a
+        # read begins, or None; the waits summed over a measure
+        self.backlog = backlog
+        self._waited_ns = 0
+        self.tally = Tally()  # the verdicts' streaks and sums (runtime/verdicts.py)
         # -- why: the last move's (why_deferring) and the last stop's (reason)
         self._why = "capture from the block's first op" if self.phase is Phase.CAPTURING else ""
         self._stopped = ""
@@ -285,7 +254,8 @@ class DeferPolicy:
         ``counters``)."""
         return cls(options.adaptive_passthrough, warmup=options.warmup,
                    in_flight=lambda: counters.compiles_in_flight, measure=True,
-                   launch_bound=torch.device(options.device).type != "cpu")
+                   launch_bound=torch.device(options.device).type != "cpu",
+                   backlog=backlog_probe(torch.device(options.device).type))
 
     @classmethod
     def never(cls) -> "DeferPolicy":
@@ -371,8 +341,7 @@ class DeferPolicy:
             # a span longer than the measure's time, from here on: Note [Only fusible
             # ops pay for capture])
             self._move(Phase.MEASURING)
-            self.unfusible_ns = 0
-            self._measure_ns = time.thread_time_ns()
+            self._start_timing()
             self._measure_ops, self._measure_spans = self.passed, spans
             if not in_time:
                 self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS
@@ -383,20 +352,28 @@ class DeferPolicy:
         per_op = (now - self._measure_ns - self.unfusible_ns) / max(ops, 1)
         apart = (f"; {self.unfusible_ns / 1e6:.1f} ms in ops that cannot fuse left out"
                  if self.unfusible_ns else "")
-        if ops and per_op >= (LAUNCH_MEASURE_NS_PER_OP if self.launch_bound else MEASURE_NS_PER_OP):
+        regime, device_bound = self._regime()
+        if device_bound or (ops and per_op >= self._threshold()):
             # Note [Seeding the memo from real runs] (dispatch/meta.py): one more span
             # passes through, seeding (a plain attribute: asked on passed-through ops)
-            self._decided = f"ops took {per_op / 1e3:.0f} µs each (over {ops} ops{apart}): worth capturing"
+            self._decided = (f"{regime}ops took {per_op / 1e3:.0f} µs each (over {ops} ops{apart}): "
+                             f"worth capturing")
             self._seeds_left = SEED_OPS
             self._measure_spans = spans
             self._measure_end_ns = now + MEASURE_MAX_NS
             self._move(Phase.SEEDING)
             return True
-        self._stop(f"ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through{apart}): "
+        self._stop(f"{regime}ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through{apart}): "
                    f"less than capturing one costs, so capture cannot pay")
         return False
 
+    def _start_timing(self) -> None:
+        self._measure_ns = time.thread_time_ns()
+        self.unfusible_ns = self._waited_ns = 0
+
     def _seen(self, ev: Seen) -> None:
+        if ev.read and self.timing and self.backlog is not None:
+            self._waited_ns += self.backlog()  # Note [Occupancy gates capture]
         k = 0 if ev.read else 1
         if not ev.read:
             self._stepped = True
@@ -420,6 +397,24 @@ class DeferPolicy:
             self._parked_ns = None
             if ev.read is not None:
                 self._open[0 if ev.read else 1] = True
+
+    def _threshold(self) -> float:
+        """The host time per op above which capture pays (Note [Occupancy gates capture]:
+        the CPU rule on an asynchronous device)."""
+        if self.launch_bound and self.backlog is None:
+            return LAUNCH_MEASURE_NS_PER_OP  # Note [Launch-bound devices pay sooner]
+        return MEASURE_NS_PER_OP
+
+    def _regime(self) -> tuple[str, bool]:
+        """(the report's words on the device's occupancy over the measure, whether the
+        device is the bottleneck); ``("", False)`` without a backlog probe."""
+        if self.backlog is None:
+            return "", False
+        waited, busy = self._waited_ns, time.thread_time_ns() - self._measure_ns
+        figures = f"the host waited {waited / 1e6:.1f} ms at its reads, busy {busy / 1e6:.1f} ms"
+        if waited >= DEVICE_BOUND_SHARE * max(waited + busy, 1):
+            return f"device-bound ({figures}: capture is free); ", True
+        return f"host-bound ({figures}: capture must pay from host time); ", False
 
     def fusible(self, func: Any) -> bool:
         """Whether ``func`` can fuse (fusion.policy.fusible, memoized per overload)."""
@@ -447,11 +442,10 @@ class DeferPolicy:
         if not self.measure or not self.enabled:
             self._move(Phase.CAPTURING, why)
             return
-        self._measure_ns = time.thread_time_ns()
+        self._start_timing()
         self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS  # settling included
         self._measure_ops = self.passed
         self._measure_spans = self._span_count()
-        self.unfusible_ns = 0
         self._move(Phase.SETTLING, f"{why}: measuring what ops cost")
 
     def _stop(self, why: str | None, to: Phase = Phase.PASSING) -> None:
@@ -475,58 +469,15 @@ class DeferPolicy:
         """
         if self.phase is Phase.PROBING:  # the probe's window: its verdict decides
             self._move(Phase.PASSING)
-        n_ops = verdict.ops
         if verdict.pending:
             if self.enabled and self._in_flight is not None:
                 self._stop(None, Phase.WAITING)
             return
-        if verdict.worth:
-            self._spent_eager = self._spent_capture = self._spent_windows = 0
-        elif verdict.eager_ns is not None and verdict.capture_ns is not None and n_ops >= 4:
-            self._spent_eager += verdict.eager_ns
-            self._spent_capture += verdict.capture_ns
-            self._spent_windows += 1
-            if self.enabled and self._spent_windows >= 2 and \
-                    self._spent_capture >= CANNOT_PAY_EVIDENCE_NS and \
-                    self._spent_eager < CANNOT_PAY_SHARE * self._spent_capture:
-                why = (f"windows did not pay for their capture: they ran in "
-                       f"{self._spent_eager / 1e6:.1f} ms eagerly and took "
-                       f"{self._spent_capture / 1e6:.1f} ms to capture")
-                self._spent_eager = self._spent_capture = self._spent_windows = 0
-                self._stop(why)
-                return
-        if verdict.novel:
-            self._note_novel(verdict)
-            return
-        self._novel_streak = self._reshaped_streak = self._novel_run = 0
-        if verdict.worth:
-            self._streak = 0
-            if self.phase is not Phase.CAPTURING:
-                self._move(Phase.CAPTURING, "a window is worth compiling")
-        elif n_ops >= 4:  # one or two ops say nothing about the program
-            self._streak += 1
-            if self.enabled and self._streak >= self.patience:
-                self._stop(f"{self._streak} windows in a row held nothing worth compiling")
-
-    def _note_novel(self, verdict: Verdict) -> None:
-        if verdict.ops < 4:
-            return
-        # ``reshaped``: the same ops as a window seen before, on other shapes (a sequence
-        # length that changes every step). Such windows will not recur either, and
-        # capturing each costs its ops' metadata kernels afresh (~0.5 ms per op for
-        # torch's Python ones), so they count RESHAPED_WEIGHT-fold: the second reshaped
-        # window in a row passes through (measured: a GPT forward with a new length each
-        # step costs 3-4x eager to capture).
-        self._novel_streak += RESHAPED_WEIGHT if verdict.reshaped else 1
-        self._reshaped_streak = self._reshaped_streak + 1 if verdict.reshaped else 0
-        self._novel_run += 1
-        if self.enabled and self._novel_streak >= self.novel_patience:
-            self._stop(f"{self._novel_streak} windows in a row never seen before (they do not recur)")
-        elif not self.enabled and ((verdict.grew and self._novel_run >= 2) or
-                                   self._reshaped_streak >= RESHAPED_STREAK):
-            # Note [Growing windows stay eager under forced capture]
-            self._stop((GROWING_REASON if verdict.grew else RESHAPED_REASON).format(
-                n=self._reshaped_streak))
+        worth, stop = self.tally.weigh(verdict, self.enabled, self.patience, self.novel_patience)
+        if stop is not None:
+            self._stop(stop)
+        elif worth and self.phase is not Phase.CAPTURING:
+            self._move(Phase.CAPTURING, "a window is worth compiling")
 
     # -- what it says -----------------------------------------------------------------------
     @property
@@ -549,7 +500,7 @@ class DeferPolicy:
             return WARMUP_REASON
         if p is Phase.WAITING:
             return WAITING_REASON
-        return self._stopped or f"{self._streak} windows in a row held nothing worth compiling"
+        return self._stopped or f"{self.tally.streak} windows in a row held nothing worth compiling"
 
     @property
     def why_deferring(self) -> str:
@@ -593,7 +544,7 @@ class DeferPolicy:
 
 __all__ = [
     "RESHAPED_WEIGHT", "RESHAPED_STREAK", "GROWING_REASON", "RESHAPED_REASON", "CANNOT_PAY_EVIDENCE_NS", "CANNOT_PAY_SHARE", "PROBE_SHARE", "MEASURE_OPS",
-    "SEED_OPS", "MEASURE_MAX_NS", "MEASURE_NS_PER_OP", "LAUNCH_MEASURE_NS_PER_OP", "WARMUP_REASON",
+    "SEED_OPS", "MEASURE_MAX_NS", "MEASURE_NS_PER_OP", "LAUNCH_MEASURE_NS_PER_OP", "DEVICE_BOUND_SHARE", "WARMUP_REASON",
     "WAITING_REASON", "SAFE_POINT_WEIGHT", "READ_WEIGHT", "MODULE_CALL_WEIGHT", "DeferPolicy", "Verdict",
     "Phase", "Act", "At", "SafePoint", "Seen", "Moved", "WarmupEnded",
 ]
