@@ -36,9 +36,11 @@ from .exported import before_export, export_array, export_result, note_export
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, suspended
 from .mode import AdaptiveEagerMode, _tensors
+from ..runtime.phases import AT_READ
 from .parking import At, end_warmup, safe_point, seen
 from .source import called_by_user, user_source, warnings_at_user_line
 from ..reasons import R
+
 
 
 # Note [Observation on CPU]
@@ -134,7 +136,7 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
             # Parked: nothing is pending and no mode of ours is on a stack, so a plain
             # tensor converts as it is (the other reads below find nothing to flush).
             out = func(*args, **kwargs)
-            safe_point(mode, At.READ)
+            safe_point(mode, AT_READ)
             return out
     if kind == "scalar":
         t = args[0]
@@ -147,7 +149,7 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
             # step of a 1.9 ms compiled region, through the mode.
             with suspended():
                 out = func(*args, **kwargs)
-            safe_point(mode, At.READ)
+            safe_point(mode, AT_READ)
             return out
         reason = _READ_REASONS.get(name)
         if reason is None:
@@ -179,7 +181,7 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
         else:
             with suspended():
                 out = func(*args, **kwargs)
-    safe_point(mode, At.READ)  # between torch calls: park or unpark (parking.py)
+    safe_point(mode, AT_READ)  # between torch calls: park or unpark (parking.py)
     return out
 
 

@@ -40,7 +40,8 @@ from .optim import use_foreach
 from .optim_compile import STEPS
 from .source import user_source
 from ..reasons import R
-from ..runtime.phases import Act, At, Moved, SafePoint, Seen, WarmupEnded
+from ..runtime.phases import (ACT_CAPTURE, ACT_PARK, ACT_UNPARK, AT_BLOCK, AT_MODULE, AT_READ, AT_STEP,
+                              At, Moved, SafePoint, WarmupEnded)
 
 _PARK_LOG = artifact_logger("ae_parking")
 
@@ -112,7 +113,7 @@ def seen(mode: Any, read: bool) -> None:
     the policy (its own spans; Note [Counting while passing through])."""
     parked = mode._parked
     mode.counters.safe_point_seen(read, parked)
-    mode.policy.feed(Seen(read, parked))
+    mode.policy.seen(read, parked)  # feed(Seen(read, parked)), without the event
 
 
 def safe_point(mode: Any, at: At) -> None:
@@ -120,13 +121,14 @@ def safe_point(mode: Any, at: At) -> None:
     (it stopped deferring and nothing is pending) or comes back (a probe, compiles
     ready), and this applies the answer (``at``: which safe point this is)."""
     parked = mode._parked
-    in_step = at is At.READ and parked and SAFE_POINTS is not None and SAFE_POINTS.in_step()
-    act = mode.policy.feed(SafePoint(at, parked, bool(mode.recorder.nodes), in_step))
-    if act is Act.UNPARK:
-        unpark(mode, read=True if at is At.READ else False if at is At.STEP else None)
-    elif act is Act.PARK:
+    in_step = at is AT_READ and parked and SAFE_POINTS is not None and SAFE_POINTS.in_step()
+    # feed(SafePoint(...)), without the event: every read of a parked program comes here
+    act = mode.policy.at_safe_point(at, parked, bool(mode.recorder.nodes), in_step)
+    if act is ACT_UNPARK:
+        unpark(mode, read=True if at is AT_READ else False if at is AT_STEP else None)
+    elif act is ACT_PARK:
         park(mode)
-    elif act is Act.CAPTURE:  # Note [Measure before capturing]
+    elif act is ACT_CAPTURE:  # Note [Measure before capturing]
         import_dynamo()  # Note [Import Dynamo before capture]
         mode.counters.note_phase("captured", mode.policy.why_deferring)
         if SAFE_POINTS is not None:
@@ -136,7 +138,7 @@ def safe_point(mode: Any, at: At) -> None:
 def block_entered(mode: Any) -> None:
     """A block's mode was just pushed: a safe point (a warming policy, or one that passes
     through, parks it at once; a probe counts a step's worth)."""
-    if mode.policy.feed(SafePoint(At.BLOCK, False)) is Act.PARK:
+    if mode.policy.feed(SafePoint(AT_BLOCK, False)) is ACT_PARK:
         park(mode)
 
 
@@ -286,7 +288,7 @@ class SafePoints:
             # nothing compiles. Ending the window at the end of each optimizer step
             # anchors windows to iterations: the same ops each step, so they recur.
             mode.flush(R.OPTIMIZER_STEP, user_source(2))
-        safe_point(mode, At.STEP)
+        safe_point(mode, AT_STEP)
 
     # -- module calls ---------------------------------------------------------------------
     # Note [Deep parking at module calls]
@@ -308,7 +310,7 @@ class SafePoints:
         """Before a module's forward (the global module forward pre-hook)."""
         st = self.thread_stack()
         if st:
-            safe_point(st[-1][0], At.MODULE)
+            safe_point(st[-1][0], AT_MODULE)
 
     def wants_modules(self, mode: Any, wanted: bool) -> None:
         """Whether ``mode`` needs module calls as safe points now (the hook is installed

@@ -44,7 +44,8 @@ from .executor import Verdict
 from .occupancy import backlog_probe
 from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, GROWING_REASON, RESHAPED_REASON,
                        RESHAPED_STREAK, RESHAPED_WEIGHT, Tally)
-from .phases import ALLOWED, MEASURE_PHASES, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded
+from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_MODULE, AT_READ,
+                     AT_STEP, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded)
 from .windows import CAPTURE_NS_PER_OP
 
 # -- the session's pass-through policy ------------------------------------------------------
@@ -148,6 +149,18 @@ WARMUP_REASON = "warm-up: the first iteration runs eagerly"
 WAITING_REASON = "waiting for compiles in flight"
 
 
+# Enum members as module constants: ``Phase.X`` is a class-attribute lookup through
+# EnumType (~0.2 µs in Python 3.11), and the hot paths below ask several per call.
+_CAPTURING = Phase.CAPTURING
+_MEASURING = Phase.MEASURING
+_OFF = Phase.OFF
+_PASSING = Phase.PASSING
+_PROBING = Phase.PROBING
+_SEEDING = Phase.SEEDING
+_SETTLING = Phase.SETTLING
+_WAITING = Phase.WAITING
+_WARMING = Phase.WARMING
+
 # Safe points count for this many torch calls towards a passing policy's probes: the end
 # of an optimizer step (or a block's entry) stands for a step's worth, a read for a few
 # more than a module call (torch's own reads, an optimizer's step counters, are reads too).
@@ -157,9 +170,9 @@ MODULE_CALL_WEIGHT = 8
 
 
 def _weight(at: At) -> int:
-    if at is At.STEP or at is At.BLOCK:
+    if at is AT_STEP or at is AT_BLOCK:
         return SAFE_POINT_WEIGHT
-    return MODULE_CALL_WEIGHT if at is At.MODULE else READ_WEIGHT
+    return MODULE_CALL_WEIGHT if at is AT_MODULE else READ_WEIGHT
 
 
 class DeferPolicy:
@@ -200,7 +213,7 @@ class DeferPolicy:
         # first optimizer step (a safe point). A program that does neither starts capturing
         # at the first probe (``probe_every`` calls' worth of safe points). Its first
         # iteration then costs what eager's does, with no capture and no compile.
-        self.phase = Phase.WARMING if enabled and warmup else Phase.CAPTURING
+        self.phase = _WARMING if enabled and warmup else _CAPTURING
         self._in_flight = in_flight  # a gauge (compiles in flight), not a statistic
         self.patience = patience
         self.probe_every = probe_every
@@ -213,7 +226,7 @@ class DeferPolicy:
         self._waited_ns = 0
         self.tally = Tally()  # the verdicts' streaks and sums (runtime/verdicts.py)
         # -- why: the last move's (why_deferring) and the last stop's (reason)
-        self._why = "capture from the block's first op" if self.phase is Phase.CAPTURING else ""
+        self._why = "capture from the block's first op" if self.phase is _CAPTURING else ""
         self._stopped = ""
         # -- probes (Note [Probes are paid for]): calls' worth since the last one, and the
         # last capture phase's length (unparked to parked)
@@ -261,7 +274,7 @@ class DeferPolicy:
     def never(cls) -> "DeferPolicy":
         """A policy that never defers nor probes (a block closed from another thread)."""
         p = cls()
-        p.phase, p._why = Phase.OFF, ""
+        p.phase, p._why = _OFF, ""
         return p
 
     # -- the one transition function ------------------------------------------------------
@@ -280,9 +293,9 @@ class DeferPolicy:
         """
         kind = type(event)
         if kind is SafePoint:
-            return self._at_safe_point(event)
+            return self.at_safe_point(*event)
         if kind is Seen:
-            self._seen(event)
+            self.seen(*event)
         elif kind is Moved:
             self._moved(event)
         elif kind is Verdict:
@@ -298,49 +311,53 @@ class DeferPolicy:
         if to is not self.phase and to not in ALLOWED[self.phase]:
             return False
         self.phase = to
-        self.seeding = to is Phase.SEEDING and self._seeds_left > 0
-        self.timing = to is Phase.MEASURING or to is Phase.SETTLING
+        self.seeding = to is _SEEDING and self._seeds_left > 0
+        self.timing = to is _MEASURING or to is _SETTLING
         if why is not None:
             self._why = why
         return True
 
     # -- safe points ----------------------------------------------------------------------
-    def _at_safe_point(self, sp: SafePoint) -> Act:
-        if sp.parked:
-            if sp.in_step and sp.at is At.READ:
-                return Act.STAY  # Note [Probes come between optimizer steps] (parking.py)
-            return Act.UNPARK if self.on_stack(_weight(sp.at)) else Act.STAY
-        if sp.pending:
-            return Act.STAY
+    def at_safe_point(self, at: At, parked: bool, pending: bool = False,
+                      in_step: bool = False) -> Act:
+        """``feed(SafePoint(...))`` without making the event (the hot path: every read
+        of a parked program comes here)."""
+        if parked:
+            if in_step and at is AT_READ:
+                return ACT_STAY  # Note [Probes come between optimizer steps] (parking.py)
+            return ACT_UNPARK if self.on_stack(_weight(at)) else ACT_STAY
+        if pending:
+            return ACT_STAY
         measuring = self.measuring
-        weight = _weight(sp.at) if sp.at is At.BLOCK else 0
+        weight = _weight(at) if at is AT_BLOCK else 0
         if not self.on_stack(weight):
-            return Act.PARK
+            return ACT_PARK
         if measuring and not self.measuring:
-            return Act.CAPTURE
-        return Act.STAY
+            return ACT_CAPTURE
+        return ACT_STAY
 
     def on_stack(self, weight: int = 1) -> bool:
         """At a safe point: whether the mode should be on the dispatch-mode stack now
         (capturing, measuring, or a probe due). Ends a measure that has seen enough
         (Note [Measure before capturing])."""
-        if self.phase not in MEASURE_PHASES:
+        p = self.phase
+        if p is not _SETTLING and p is not _MEASURING and p is not _SEEDING:
             return self.should_defer(weight) or self.measuring  # a probe measures first
         now = time.thread_time_ns()
         in_time = now < self._measure_end_ns
         spans = self._span_count()
-        if self.phase is Phase.SEEDING:  # the seeding span after a decision to capture
+        if self.phase is _SEEDING:  # the seeding span after a decision to capture
             if not (in_time and spans == self._measure_spans):
-                self._move(Phase.CAPTURING, self._decided)
+                self._move(_CAPTURING, self._decided)
             return True
         ops = self.passed - self._measure_ops
-        if self.phase is Phase.SETTLING:
+        if self.phase is _SETTLING:
             if in_time and spans == self._measure_spans:
                 return True
             # Note [The first span settles]: time from here, one whole span later (or,
             # a span longer than the measure's time, from here on: Note [Only fusible
             # ops pay for capture])
-            self._move(Phase.MEASURING)
+            self._move(_MEASURING)
             self._start_timing()
             self._measure_ops, self._measure_spans = self.passed, spans
             if not in_time:
@@ -361,7 +378,7 @@ class DeferPolicy:
             self._seeds_left = SEED_OPS
             self._measure_spans = spans
             self._measure_end_ns = now + MEASURE_MAX_NS
-            self._move(Phase.SEEDING)
+            self._move(_SEEDING)
             return True
         self._stop(f"{regime}ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through{apart}): "
                    f"less than capturing one costs, so capture cannot pay")
@@ -371,14 +388,17 @@ class DeferPolicy:
         self._measure_ns = time.thread_time_ns()
         self.unfusible_ns = self._waited_ns = 0
 
-    def _seen(self, ev: Seen) -> None:
-        if ev.read and self.timing and self.backlog is not None:
-            self._waited_ns += self.backlog()  # Note [Occupancy gates capture]
-        k = 0 if ev.read else 1
-        if not ev.read:
-            self._stepped = True
-        if ev.parked:  # no span runs through a park
+    def seen(self, read: bool, parked: bool) -> None:
+        """``feed(Seen(read, parked))`` without making the event (the hot path)."""
+        if parked:  # no span runs through a park
+            if not read:
+                self._stepped = True
             return
+        if read and self.timing and self.backlog is not None:
+            self._waited_ns += self.backlog()  # Note [Occupancy gates capture]
+        k = 0 if read else 1
+        if not read:
+            self._stepped = True
         if self._open[k]:
             self._spans[k] += 1
         self._open[k] = True
@@ -432,7 +452,7 @@ class DeferPolicy:
     # -- warm-up, measures, stops ----------------------------------------------------------
     def end_warmup(self) -> bool:
         """Start capturing (Note [The first iteration runs eagerly]); True if warming."""
-        if self.phase is not Phase.WARMING:
+        if self.phase is not _WARMING:
             return False
         self._calls = 0
         self._capture_or_measure("the warm-up ended")
@@ -440,15 +460,15 @@ class DeferPolicy:
 
     def _capture_or_measure(self, why: str) -> None:
         if not self.measure or not self.enabled:
-            self._move(Phase.CAPTURING, why)
+            self._move(_CAPTURING, why)
             return
         self._start_timing()
         self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS  # settling included
         self._measure_ops = self.passed
         self._measure_spans = self._span_count()
-        self._move(Phase.SETTLING, f"{why}: measuring what ops cost")
+        self._move(_SETTLING, f"{why}: measuring what ops cost")
 
-    def _stop(self, why: str | None, to: Phase = Phase.PASSING) -> None:
+    def _stop(self, why: str | None, to: Phase = _PASSING) -> None:
         """Deferral stops (``why``: the reason it gives while passing through)."""
         if why is not None:
             self._stopped = why
@@ -467,38 +487,39 @@ class DeferPolicy:
         compile is in flight (``in_flight() == 0``), then resumes to judge the window
         with its compiled regions (Note [Waiting for compiles runs eagerly]).
         """
-        if self.phase is Phase.PROBING:  # the probe's window: its verdict decides
-            self._move(Phase.PASSING)
+        if self.phase is _PROBING:  # the probe's window: its verdict decides
+            self._move(_PASSING)
         if verdict.pending:
             if self.enabled and self._in_flight is not None:
-                self._stop(None, Phase.WAITING)
+                self._stop(None, _WAITING)
             return
         worth, stop = self.tally.weigh(verdict, self.enabled, self.patience, self.novel_patience)
         if stop is not None:
             self._stop(stop)
-        elif worth and self.phase is not Phase.CAPTURING:
-            self._move(Phase.CAPTURING, "a window is worth compiling")
+        elif worth and self.phase is not _CAPTURING:
+            self._move(_CAPTURING, "a window is worth compiling")
 
     # -- what it says -----------------------------------------------------------------------
     @property
     def warming(self) -> bool:
-        """Whether the first iteration is still running (Phase.WARMING)."""
-        return self.phase is Phase.WARMING
+        """Whether the first iteration is still running (_WARMING)."""
+        return self.phase is _WARMING
 
     @property
     def measuring(self) -> bool:
         """Whether a measure is under way (settling, timing or seeding)."""
-        return self.phase in MEASURE_PHASES
+        p = self.phase  # identity tests: ``in`` a tuple of members costs ~0.2 µs
+        return p is _SETTLING or p is _MEASURING or p is _SEEDING
 
     @property
     def reason(self) -> str:
         """Why ops pass straight through now (for logs and the report), or ``""``."""
         p = self.phase
-        if p is Phase.CAPTURING:
+        if p is _CAPTURING:
             return ""
-        if p is Phase.WARMING:
+        if p is _WARMING:
             return WARMUP_REASON
-        if p is Phase.WAITING:
+        if p is _WAITING:
             return WAITING_REASON
         return self._stopped or f"{self.tally.streak} windows in a row held nothing worth compiling"
 
@@ -512,16 +533,16 @@ class DeferPolicy:
         ticks). ``weight``: how many calls this one stands for (a safe point at the end
         of an optimizer step stands for a step's worth of torch calls)."""
         p = self.phase
-        if p is Phase.CAPTURING or p is Phase.PROBING:
+        if p is _CAPTURING or p is _PROBING:
             return True
-        if p is Phase.WAITING:
+        if p is _WAITING:
             # Note [Waiting for compiles runs eagerly]: compiles landing end the wait
             # (no probe meanwhile: the wait ends by itself, compile_timeout_s at most)
             if self._in_flight() == 0:  # type: ignore[misc]
-                self._move(Phase.CAPTURING, "compiles finished")
+                self._move(_CAPTURING, "compiles finished")
                 return True
             return False
-        if p is not Phase.PASSING and p is not Phase.WARMING:
+        if p is not _PASSING and p is not _WARMING:
             return False  # measuring, seeding, off
         self._calls += weight
         if self._calls < self.probe_every:
@@ -532,13 +553,13 @@ class DeferPolicy:
                 self._calls = self.probe_every // 2  # look at the clock again later
                 return False
         self._calls = 0
-        if p is Phase.WARMING:
+        if p is _WARMING:
             self._capture_or_measure("a probe ended the warm-up")
-            return self.phase is Phase.CAPTURING
+            return self.phase is _CAPTURING
         if self.measure:
             self._capture_or_measure("a probe")
             return False
-        self._move(Phase.PROBING, "a probe")
+        self._move(_PROBING, "a probe")
         return True
 
 

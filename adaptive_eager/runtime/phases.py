@@ -115,5 +115,11 @@ class Act(enum.Enum):
     CAPTURE = "capture"    # on the stack: a measure just decided to capture
 
 
+# Members as module constants for the hot paths (every read of a parked program): an
+# ``At.READ`` is a class-attribute lookup through EnumType, ~0.2 µs in Python 3.11.
+AT_READ, AT_CALL, AT_STEP, AT_MODULE, AT_BLOCK = At.READ, At.CALL, At.STEP, At.MODULE, At.BLOCK
+ACT_STAY, ACT_PARK, ACT_UNPARK, ACT_CAPTURE = Act.STAY, Act.PARK, Act.UNPARK, Act.CAPTURE
+
 __all__ = ["Phase", "ALLOWED", "DEFERRING", "MEASURE_PHASES", "At", "SafePoint", "Seen", "Moved",
-           "WarmupEnded", "Act"]
+           "WarmupEnded", "Act", "AT_READ", "AT_CALL", "AT_STEP", "AT_MODULE", "AT_BLOCK",
+           "ACT_STAY", "ACT_PARK", "ACT_UNPARK", "ACT_CAPTURE"]
