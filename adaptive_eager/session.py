@@ -248,8 +248,7 @@ def _exited_elsewhere(entered: list) -> None:
     mode, observe = entry
     failure = None
     if observe is not None:
-        mode.policy = DeferPolicy.never()
-        mode._should_defer = mode.policy.should_defer
+        mode.stop_deferring()
         failure = _run_pending(mode)
     alive = {t.ident for t in threading.enumerate()}
     with _ABANDONED_LOCK:
@@ -438,7 +437,7 @@ def sync() -> None:
     mode = current_mode()
     if mode is not None:
         mode.flush(R.EXPLICIT_SYNC)
-        parking.safe_point(mode, parking.READ_WEIGHT)  # between the program's torch calls
+        parking.safe_point(mode, parking.At.CALL)  # between the program's torch calls
 
 
 def stats() -> Stats:

@@ -680,8 +680,8 @@ def test_parked_runtime_comes_back_at_a_safe_point_and_for_a_nested_block(monkey
         # A probe due at the next safe point brings it back too.
         train_until_parked()
         assert mode._parked
-        from adaptive_eager.dispatch import parking
-        monkeypatch.setattr(parking, "SAFE_POINT_WEIGHT", 10**9)
+        from adaptive_eager.runtime import adapt
+        monkeypatch.setattr(adapt, "SAFE_POINT_WEIGHT", 10**9)
         mode.policy._phase_ns = 0  # Note [Probes are paid for]: due now
         opt.step()
         assert not mode._parked and _get_current_dispatch_mode_stack() == [mode]

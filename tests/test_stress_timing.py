@@ -1,5 +1,5 @@
 """Values never depend on timing (issue 21 item 4; Note [Timing decides speed, never
-values] in runtime/adapt.py).
+values] in runtime/windows.py).
 
 The runtime decides from timings which windows to capture, which to plan, when a compile
 is given up and when a mode parks. Each decision may change how a program's ops are run
@@ -22,7 +22,7 @@ import torch.nn as nn
 
 import adaptive_eager as ae
 from adaptive_eager import session
-from adaptive_eager.runtime import adapt, windows
+from adaptive_eager.runtime import adapt, verdicts, windows
 
 from helpers import assert_same
 
@@ -42,9 +42,9 @@ def busy_core():
 # and every window worth compiling; "park" makes every measure say it cannot pay.
 _SIDES = {
     "capture": {(windows, "CAPTURE_NS_PER_OP"): 0, (adapt, "MEASURE_NS_PER_OP"): 0,
-                (adapt, "LAUNCH_MEASURE_NS_PER_OP"): 0, (adapt, "CANNOT_PAY_EVIDENCE_NS"): 10**18},
+                (adapt, "LAUNCH_MEASURE_NS_PER_OP"): 0, (verdicts, "CANNOT_PAY_EVIDENCE_NS"): 10**18},
     "park": {(windows, "CAPTURE_NS_PER_OP"): 10**12, (adapt, "MEASURE_NS_PER_OP"): 10**15,
-             (adapt, "LAUNCH_MEASURE_NS_PER_OP"): 10**15, (adapt, "CANNOT_PAY_EVIDENCE_NS"): 0},
+             (adapt, "LAUNCH_MEASURE_NS_PER_OP"): 10**15, (verdicts, "CANNOT_PAY_EVIDENCE_NS"): 0},
     "as is": {},
 }
 

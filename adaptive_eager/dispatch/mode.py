@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from typing import Any
 
 import torch
@@ -192,9 +193,17 @@ class AdaptiveEagerMode(TorchDispatchMode):
             # (probing again now and then; runtime.adapt). Nothing is pending, so
             # every handle is bound and unwraps itself.
             self.counters.ops_passthrough += 1
-            if self.policy.seeding:  # Note [Seeding the memo from real runs] (meta.py)
+            policy = self.policy
+            policy.passed += 1  # the policy's own count (Note [Measure before capturing])
+            if policy.timing and not policy.fusible(func):
+                # Note [Only fusible ops pay for capture] (runtime/adapt.py)
+                t0 = time.thread_time_ns()
                 out = func(*args, **kwargs)
-                self.policy.seeded()
+                policy.unfusible_ns += time.thread_time_ns() - t0
+                return out
+            if policy.seeding:  # Note [Seeding the memo from real runs] (meta.py)
+                out = func(*args, **kwargs)
+                policy.seeded()
                 self.recorder.seed(func, self._traits.get(func) or self.table.traits(func),
                                    args, kwargs, out)
                 return out
@@ -218,6 +227,13 @@ class AdaptiveEagerMode(TorchDispatchMode):
                 return func(*args, **kwargs)
         with self.lock:
             return self._handlers[traits.kind](func, traits, args, kwargs)
+
+    def stop_deferring(self) -> None:
+        """From now on this mode defers nothing and never probes (its block was closed
+        from another thread); the session's policy, shared with other blocks, is left
+        as it is."""
+        self.policy = DeferPolicy.never()
+        self._should_defer = self.policy.should_defer
 
     def release_handles(self) -> int:
         """Turn bound, unshared handles into plain tensors; returns how many were released

@@ -36,10 +36,12 @@ from .exported import before_export, export_array, export_result, note_export
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, suspended
 from .mode import AdaptiveEagerMode, _tensors
-from .parking import READ_WEIGHT, end_warmup, safe_point
+from ..runtime.phases import AT_READ
+from .parking import At, end_warmup, safe_point, seen
 from .source import called_by_user, user_source, warnings_at_user_line
 from ..hooks import HOOKS, MARK, Patch
 from ..reasons import R
+
 
 
 # Note [Observation on CPU]
@@ -125,8 +127,7 @@ def _mode_here() -> AdaptiveEagerMode | None:
 def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: tuple,
           kwargs: dict) -> Any:
     """A read in a thread with a runtime: flush what it needs, run it, then a safe point."""
-    counters = mode.counters
-    counters.safe_point_seen(True, mode._parked)  # Note [Counting while passing through]
+    seen(mode, True)  # Note [Counting while passing through]
     if mode._parked:
         if mode.policy.warming and called_by_user(2):
             # Note [The first iteration runs eagerly]: the program's read ends it
@@ -136,7 +137,7 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
             # Parked: nothing is pending and no mode of ours is on a stack, so a plain
             # tensor converts as it is (the other reads below find nothing to flush).
             out = func(*args, **kwargs)
-            safe_point(mode, READ_WEIGHT, True)
+            safe_point(mode, AT_READ)
             return out
     if kind == "scalar":
         t = args[0]
@@ -149,7 +150,7 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
             # step of a 1.9 ms compiled region, through the mode.
             with suspended():
                 out = func(*args, **kwargs)
-            safe_point(mode, READ_WEIGHT, True)
+            safe_point(mode, AT_READ)
             return out
         reason = _READ_REASONS.get(name)
         if reason is None:
@@ -181,7 +182,7 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
         else:
             with suspended():
                 out = func(*args, **kwargs)
-    safe_point(mode, READ_WEIGHT, True)  # between torch calls: park or unpark (parking.py)
+    safe_point(mode, AT_READ)  # between torch calls: park or unpark (parking.py)
     return out
 
 
@@ -245,9 +246,9 @@ def _safe_point(name: str, func: Callable) -> Callable:
         mode = _mode_here()
         if mode is None:
             return func(*args, **kwargs)
-        safe_point(mode, READ_WEIGHT)
+        safe_point(mode, At.CALL)
         out = func(*args, **kwargs)
-        safe_point(mode, READ_WEIGHT)
+        safe_point(mode, At.CALL)
         return out
 
     return around

@@ -41,15 +41,10 @@ from .optim import use_foreach
 from .optim_compile import STEPS
 from .source import user_source
 from ..reasons import R
+from ..runtime.phases import (ACT_CAPTURE, ACT_PARK, ACT_UNPARK, AT_BLOCK, AT_MODULE, AT_READ, AT_STEP,
+                              At, Moved, SafePoint, WarmupEnded)
 
 _PARK_LOG = artifact_logger("ae_parking")
-
-# A safe point counts for this many torch calls towards the pass-through policy's probes:
-# the end of an optimizer step stands for a step's worth, a read for a few more than a
-# module call (torch's own reads, an optimizer's step counters, are reads too).
-SAFE_POINT_WEIGHT = 100
-READ_WEIGHT = 10
-MODULE_CALL_WEIGHT = 8
 
 
 # Note [Parking the mode]
@@ -72,7 +67,7 @@ def park(mode: Any) -> None:
     _pop_mode()
     mode._parked = True
     mode.counters.end_spans()  # Note [Counting while passing through] (runtime/counters.py)
-    mode.policy.parked(time.perf_counter_ns())
+    mode.policy.feed(Moved(True, time.perf_counter_ns()))  # its own spans end too
     mode.counters.note_phase("parked", mode.policy.reason or "pass-through policy")
     if _PARK_LOG.isEnabledFor(logging.DEBUG):
         _PARK_LOG.debug("parked (ops pass straight through): %s",
@@ -82,13 +77,17 @@ def park(mode: Any) -> None:
         SAFE_POINTS.wants_modules(mode, False)
 
 
-def unpark(mode: Any, why: str = "") -> None:
-    """``mode`` is back on the dispatch-mode stack (capturing again)."""
+def unpark(mode: Any, why: str = "", read: bool | None = None) -> None:
+    """``mode`` is back on the dispatch-mode stack (capturing again); ``read``: at a read
+    (True) or an optimizer step's end (False), where an on-stack span starts (Note
+    [Counting while passing through])."""
     if not mode._parked:
         return
     _push_mode(mode)
     mode._parked = False
-    mode.policy.unparked(time.perf_counter_ns())
+    mode.policy.feed(Moved(False, time.perf_counter_ns(), read))
+    if read is not None:
+        mode.counters.start_span(read)
     mode.counters.note_phase("measuring" if mode.policy.measuring else "captured",
                              why or mode.policy.why_deferring)
     if _PARK_LOG.isEnabledFor(logging.DEBUG):
@@ -110,35 +109,37 @@ def policy_stopped() -> None:
             SAFE_POINTS.wants_modules(mode, True)
 
 
-def safe_point(mode: Any, weight: int, read: bool | None = None) -> None:
-    """Between torch calls (outside any op): park ``mode`` if the policy stopped deferring
-    and nothing is pending, or bring it back if the policy probes (``weight``: how many
-    torch calls this point stands for; ``read``: this point is a read (True) or an
-    optimizer step's end (False), where an on-stack span starts, Note [Counting while
-    passing through])."""
-    if mode._parked:
-        if read and SAFE_POINTS is not None and SAFE_POINTS.in_step():
-            return  # Note [Probes come between optimizer steps]
-        if mode.policy.on_stack(weight):
-            unpark(mode)
-            if read is not None:
-                mode.counters.start_span(read)
-    elif not mode.recorder.nodes:
-        policy = mode.policy
-        measuring = policy.measuring
-        if not policy.on_stack(0):
-            park(mode)
-        elif measuring and not policy.measuring:  # Note [Measure before capturing]
-            import_dynamo()  # Note [Import Dynamo before capture]
-            mode.counters.note_phase("captured", policy.why_deferring)
-            if SAFE_POINTS is not None:
-                SAFE_POINTS.wants_modules(mode, False)
+def seen(mode: Any, read: bool) -> None:
+    """A read (``read``) or an optimizer step's end was seen: counted for the stats and by
+    the policy (its own spans; Note [Counting while passing through])."""
+    parked = mode._parked
+    mode.counters.safe_point_seen(read, parked)
+    mode.policy.seen(read, parked)  # feed(Seen(read, parked)), without the event
+
+
+def safe_point(mode: Any, at: At) -> None:
+    """Between torch calls (outside any op): the policy answers whether ``mode`` parks
+    (it stopped deferring and nothing is pending) or comes back (a probe, compiles
+    ready), and this applies the answer (``at``: which safe point this is)."""
+    parked = mode._parked
+    in_step = at is AT_READ and parked and SAFE_POINTS is not None and SAFE_POINTS.in_step()
+    # feed(SafePoint(...)), without the event: every read of a parked program comes here
+    act = mode.policy.at_safe_point(at, parked, bool(mode.recorder.nodes), in_step)
+    if act is ACT_UNPARK:
+        unpark(mode, read=True if at is AT_READ else False if at is AT_STEP else None)
+    elif act is ACT_PARK:
+        park(mode)
+    elif act is ACT_CAPTURE:  # Note [Measure before capturing]
+        import_dynamo()  # Note [Import Dynamo before capture]
+        mode.counters.note_phase("captured", mode.policy.why_deferring)
+        if SAFE_POINTS is not None:
+            SAFE_POINTS.wants_modules(mode, False)
 
 
 def block_entered(mode: Any) -> None:
     """A block's mode was just pushed: a safe point (a warming policy, or one that passes
     through, parks it at once; a probe counts a step's worth)."""
-    if not mode.policy.on_stack(SAFE_POINT_WEIGHT):
+    if mode.policy.feed(SafePoint(AT_BLOCK, False)) is ACT_PARK:
         park(mode)
 
 
@@ -181,7 +182,7 @@ def import_dynamo() -> None:
 
 def end_warmup(mode: Any, why: str, source: str | None) -> None:
     """The program's first iteration ended (Note [The first iteration runs eagerly])."""
-    if mode.policy.end_warmup():
+    if mode.policy.feed(WarmupEnded(why)):
         if source is None:
             source = user_source(2)  # e.g. the program's opt.step() line
         mode.counters.warmup_ended = f"{why} at {source}"
@@ -292,7 +293,7 @@ class SafePoints:
             return
         mode = st[-1][0]
         # Note [Counting while passing through] (runtime/counters.py)
-        mode.counters.safe_point_seen(False, mode._parked)
+        seen(mode, False)
         if mode.policy.warming:
             end_warmup(mode, "optimizer step", None)  # Note [The first iteration runs eagerly]
         elif not mode._parked and len(mode.recorder):
@@ -303,7 +304,7 @@ class SafePoints:
             # nothing compiles. Ending the window at the end of each optimizer step
             # anchors windows to iterations: the same ops each step, so they recur.
             mode.flush(R.OPTIMIZER_STEP, user_source(2))
-        safe_point(mode, SAFE_POINT_WEIGHT, False)
+        safe_point(mode, AT_STEP)
 
     # -- module calls ---------------------------------------------------------------------
     # Note [Deep parking at module calls]
@@ -325,7 +326,7 @@ class SafePoints:
         """Before a module's forward (the global module forward pre-hook)."""
         st = self.thread_stack()
         if st:
-            safe_point(st[-1][0], MODULE_CALL_WEIGHT)
+            safe_point(st[-1][0], AT_MODULE)
 
     def wants_modules(self, mode: Any, wanted: bool) -> None:
         """Whether ``mode`` needs module calls as safe points now (the hook is installed
@@ -371,5 +372,5 @@ def install(thread_stack: Callable[[], list | None], counters: Any) -> SafePoint
         return SAFE_POINTS
 
 
-__all__ = ["park", "unpark", "policy_stopped", "safe_point", "block_entered", "block_left", "end_warmup", "SafePoints", "install", "SAFE_POINTS",
-           "SAFE_POINT_WEIGHT", "READ_WEIGHT", "MODULE_CALL_WEIGHT"]
+__all__ = ["park", "unpark", "policy_stopped", "seen", "safe_point", "block_entered", "block_left",
+           "end_warmup", "SafePoints", "install", "SAFE_POINTS", "At"]

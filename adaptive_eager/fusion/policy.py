@@ -113,6 +113,25 @@ def op_class(target: object) -> str:
     return "other"
 
 
+# The op classes fusion can speed up: a fused region saves their launches and their
+# intermediates' memory traffic; a matmul or an opaque kernel (aten::mkldnn_rnn_layer)
+# runs as fast alone as inside a region (Note [Only fusible ops pay for capture],
+# runtime/adapt.py).
+FUSIBLE_CLASSES = frozenset({"pointwise", "reduction", "view"})
+
+
+def fusible(target: object) -> bool:
+    """Whether fusing ``target`` with its neighbours can make it faster (its
+    :func:`op_class` is pointwise, a reduction or a view).
+
+    Example::
+
+        >>> fusible(torch.ops.aten.mul.Tensor), fusible(torch.ops.aten.mm.default)
+        (True, False)
+    """
+    return op_class(target) in FUSIBLE_CLASSES
+
+
 class SupportPolicy(Protocol):
     """``unsupported(node, specs)``: None when the backend can compile ``node``, else a
     reason. ``specs`` (the window's value specs) lets a verdict depend on the call's

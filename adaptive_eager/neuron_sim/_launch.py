@@ -48,6 +48,7 @@ __all__ = [
     "set_async_launch",
     "async_launch",
     "queue_depth",
+    "device_backlog_ns",
     "wait_for_device",
     "MAX_QUEUE_DEPTH",
 ]
@@ -173,6 +174,21 @@ def queue_depth() -> int:
     with _REGISTRY.lock:
         _drop_done(time.perf_counter_ns())
         return len(_REGISTRY.pending)
+
+
+def device_backlog_ns() -> int:
+    """How long the host would wait now for every launch issued so far: the device
+    clock's lead over the host clock, in ns (0 in the synchronous model, and when idle).
+
+    Example::
+
+        >>> set_async_launch(True); set_launch_latency_us(1000)
+        >>> record_launch(); device_backlog_ns() > 0
+        True
+        >>> wait_for_device(); device_backlog_ns(); set_launch_latency_us(0)
+        0
+    """
+    return max(0, _REGISTRY.device_free_ns - time.perf_counter_ns())
 
 
 def set_async_launch(enabled: bool) -> None:

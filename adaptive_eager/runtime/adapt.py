@@ -3,10 +3,12 @@
 Everything that decides whether the runtime keeps deferring ops lives here and in
 :mod:`.windows`:
 
-* :class:`DeferPolicy` (this module), the session's pass-through policy: fed one
-  :class:`Verdict` per flushed window (by the mode, from ``Executor.run``'s result), asked
-  in O(1) before every new window whether to defer at all, and whether a parked mode
-  should come back (measuring before it captures);
+* :class:`DeferPolicy` (this module), the session's pass-through policy: one
+  :class:`~.phases.Phase` moved by one transition function (``feed``) fed immutable events
+  (runtime/phases.py: a :class:`Verdict` per flushed window, safe points, the reads and
+  steps it counts spans by, parks); asked in O(1) before every new window whether to
+  defer at all, and at safe points whether a parked mode should come back (measuring
+  before it captures);
 * the per-window half (:mod:`.windows`): ``WindowLog``/``WindowHistory`` (one history per
   window key), ``route`` and ``judge`` (what a flush does with a window, and its verdict),
   ``transition`` (a compiled region's states).
@@ -37,57 +39,16 @@ from typing import Any, Callable
 
 import torch
 
+from ..fusion.policy import fusible
 from .executor import Verdict
+from .occupancy import backlog_probe
+from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, GROWING_REASON, RESHAPED_REASON,
+                       RESHAPED_STREAK, RESHAPED_WEIGHT, Tally)
+from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_MODULE, AT_READ,
+                     AT_STEP, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded)
 from .windows import CAPTURE_NS_PER_OP
 
-# How many novel windows one "reshaped" novel window counts for (DeferPolicy.note):
-# with novel_patience 48, a first sighting and two reshaped ones stop deferral.
-RESHAPED_WEIGHT = 24
-
-# Note [Growing windows stay eager under forced capture]
-# A window that comes back with new shapes every time (nanoGPT's sampling loop: the
-# sequence grows a token a step) never recurs, so nothing compiles for it (Note [First
-# sightings are not planned]), and capturing it costs each op's metadata kernels afresh.
-# With capture forced (adaptive_passthrough off) nothing stopped that: issue 26 measured
-# 120 sampled tokens at 10.5x eager with 0 regions compiled (190x before first sightings
-# were left unplanned, one compile per length). Of bucketing (pads: results differ from
-# eager's), dynamic shapes (a symbolic capture, not built) and staying eager, the policy
-# stays eager: at a window that came back grown (the same ops, every value at least as
-# large as last time: Verdict.grew) right after another novel window, or after
-# RESHAPED_STREAK windows in a row with new shapes, it stops deferring even under forced
-# capture, the report's phase says so, and a probe captures again later (a window that
-# stopped growing recurs and compiles). One larger batch among recurring windows is not
-# growth, nor are an epoch's shorter last batch and an evaluation's (word_language_model
-# parked under forced capture when two reshaped windows in a row were enough).
-# Default options already passed such windows through after two (RESHAPED_WEIGHT); this
-# only adds the forced case. Measured with ``python -m benchmarks.data_patterns sample
-# --reps 7`` (120 tokens, the model made before the block): 2 windows captured, 0 regions
-# compiled; the times are in the README's Limitations.
-RESHAPED_STREAK = 8
-GROWING_REASON = ("staying eager: a window came back grown (a growing sequence); nothing "
-                  "compiles for such windows (no dynamic shapes)")
-RESHAPED_REASON = ("staying eager: {n} windows in a row came back with new shapes; nothing "
-                   "compiles for such windows (no dynamic shapes)")
-
-
 # -- the session's pass-through policy ------------------------------------------------------
-# Note [Windows that cannot pay stop deferral]
-# A window replayed eagerly and timed (a first sighting, or one whose capture cannot pay)
-# tells at once whether capturing it can ever pay: fusing it can save at most its eager
-# run, and its capture (first op to flush) cost more than that. Counting such windows one
-# by one (patience 8 for planned windows, 48 for novel ones) let a small program spend
-# most of its time capturing before it passed through: measured at 64f5bd7 (CPU time, 1
-# thread), a regression with a manual update 1.4x eager over 200 steps (10 windows of 21
-# ops, each ~25x dearer to capture than to run), LBFGS with a closure 3.2x (62 novel
-# windows, 10,694 ops), a tiny nanoGPT 3.5x (771 windows). So the policy also sums, over
-# the timed windows since the last one worth compiling, their eager runs and their
-# captures, and stops deferring once CANNOT_PAY_EVIDENCE_NS of capture has been spent and
-# the eager runs add up to less than CANNOT_PAY_SHARE of it: even capture at that share
-# of today's cost would not break even. The bound on what that costs a program is the
-# evidence itself (a few ms), plus the probes (Note [Probes are paid for]).
-CANNOT_PAY_EVIDENCE_NS = 3_000_000
-CANNOT_PAY_SHARE = 0.5
-
 # Note [Probes are paid for]
 # While passing through, the policy captures a window now and then (a probe) to notice
 # a change (a window that grew, a capture that got cheaper). A probe that finds nothing
@@ -152,58 +113,95 @@ MEASURE_NS_PER_OP = 4 * CAPTURE_NS_PER_OP
 # 20 µs launches): 56-74 µs an op, which the CPU's threshold (60 µs) parked once in three
 # runs, where fused it makes 6 launches a step instead of 48.
 LAUNCH_MEASURE_NS_PER_OP = 2 * CAPTURE_NS_PER_OP
+# Note [Occupancy gates capture]
+# On an asynchronous device (CUDA, Trainium, the emulator with asynchronous launches) the
+# host enqueues a launch and runs ahead; where it reads a value it waits for the device.
+# While the device is the bottleneck (the host waits at its reads), host time spent
+# capturing comes out of that wait: capture is free, and what fusion saves (launches,
+# device time) is what the program waits for. While the host is the bottleneck, capture
+# must pay for itself from host time: the CPU rule (MEASURE_NS_PER_OP). So a measure on
+# such a device also sums, where each read begins, the device's backlog (how long that
+# read will wait: runtime/occupancy.py; the emulator's clock, CUDA's events) and compares
+# the sum with the host's busy time (its thread's CPU time, which other processes on a
+# loaded machine do not inflate, as wall time would): waits of DEVICE_BOUND_SHARE of
+# waits plus busy time or more are device-bound.
+# The report's phase names the regime and the figures. Measured: see README (neuron-sim).
+DEVICE_BOUND_SHARE = 0.25
 
-# Note [Timing decides speed, never values]
-# Timings decide, here and in runtime/windows.py and compiled.py: whether a mode captures,
-# measures or parks (MEASURE_NS_PER_OP, CANNOT_PAY_*, probes), whether a window is planned
-# or replayed (pays_for_capture, route), when a compile is given up (compile_timeout_s,
-# check_timeout) and whether a compiled region is demoted; a busy machine also moves where
-# a compile lands (before, between or after a window's regions). Each decision picks how
-# ops run (passed through, replayed by run_nodes, by generated code, or called compiled),
-# never what they compute: every path calls the recorded ATen overloads with the recorded
-# arguments (lifted floats are the recorded Python floats, or 0-dim tensors that round as
-# eager does) on tensors of eager's layouts, with the program's intra-op thread count (Note [The program's threads are its own], compiled.py), and
-# regions never hold a random op. Issue 21 reported two differences seen once each under
-# load and not reproduced: (a) ``randn(4096, float64).exp().cumsum(0)``, capture forced,
-# backend "eager", 1.04e-7 off eager (relative ~1e-10, i.e. ~1e5 ulps of float64: one
-# value rounded as float32 would do it, a reordered sum of 4096 terms would not, ~3e-9 at
-# most); (b) ``.item()`` values of a program whose compiler never returns. The search
-# found no path by which a timing changes a value. Ruled out, with evidence: thread
-# counts (torch 2.13's count is process-wide, read the same in every thread, and these
-# ops run single-threaded below ATen's grain size: bitwise equal at 1 and 2 threads and
-# from another thread); a compile landing mid-window (each region checks its entry once;
-# a late result of a timed-out compile is dropped); compiles drawing random numbers or
-# rewinding the stream (Note [Compiles never rewind the program's random stream]);
-# global-state setters called by a compile (none of our backends' compiles calls one);
-# first sightings vs plans vs generated replay (same ops and arguments); flushes run in
-# another thread (a global-state change elsewhere, a block closed from another thread:
-# new threads inherit the creating thread's flush-denormal bit; the count is shared).
-# tests/test_stress_timing.py guards it: the reported programs and a training loop beside
-# a process that burns a core, with every threshold above forced to each side and
-# compiles that stall or land at any moment, equal eager bit for bit (36 cases, all
-# passing; before this note too, so it guards rather than fixes).
+# Note [Only fusible ops pay for capture]
+# Fusion can only save time inside ops that fuse (fusion.policy.fusible: pointwise,
+# reductions, views); a matmul or an opaque kernel (an LSTM's aten::mkldnn_rnn_layer) runs
+# as fast alone. So while measuring, the mode times each op that cannot fuse, and the
+# time per op is (the measure's CPU time less those ops') over all ops passed through
+# (each would be captured). A span longer than MEASURE_MAX_NS used to be judged on its
+# untimed settling part (cold per-op state included: Note [The first span settles]);
+# now timing starts there, for MEASURE_MAX_NS more at most. Measured (1 thread, loaded
+# 2-core machine, tests/test_phases.py): an LSTM LM (hidden 128, 20 steps) took 59 µs an
+# op whole and captured in one run of two (120 ops, then "windows did not pay"); with its
+# rnn and matmul kernels left out (0.8-1.9 ms a measure), 29-50 µs: it parks, capturing
+# nothing. A 384x384 matmul among 5 tiny pointwise ops: captured before, parks now. Not
+# covered: a composite op's own C++ between the ops it dispatches (hidden 256: 96 µs).
+
+# Note [Timing decides speed, never values] (runtime/windows.py) covers every threshold here.
 
 # Why deferral stops or restarts (the report's phases; DeferPolicy.reason / why_deferring).
 WARMUP_REASON = "warm-up: the first iteration runs eagerly"
 WAITING_REASON = "waiting for compiles in flight"
 
 
-class DeferPolicy:
-    """Stops deferral after ``patience`` windows in a row with nothing worth compiling, or
-    once timed windows show their capture cannot pay (Note [Windows that cannot pay stop
-    deferral]).
+# Enum members as module constants: ``Phase.X`` is a class-attribute lookup through
+# EnumType (~0.2 µs in Python 3.11), and the hot paths below ask several per call.
+_CAPTURING = Phase.CAPTURING
+_MEASURING = Phase.MEASURING
+_OFF = Phase.OFF
+_PASSING = Phase.PASSING
+_PROBING = Phase.PROBING
+_SEEDING = Phase.SEEDING
+_SETTLING = Phase.SETTLING
+_WAITING = Phase.WAITING
+_WARMING = Phase.WARMING
 
-    ``enabled=False`` (option ``adaptive_passthrough``) always defers. Owned by the
-    session; the mode asks :meth:`should_defer` before opening a window and the safe
-    points ask it whether to come back (while it answers False, it answers True once every
-    ``probe_every`` calls' worth, Note [Probes are paid for], so a window is captured now
-    and then and judged again) and it is handed each flushed window's :class:`Verdict`.
+# Safe points count for this many torch calls towards a passing policy's probes: the end
+# of an optimizer step (or a block's entry) stands for a step's worth, a read for a few
+# more than a module call (torch's own reads, an optimizer's step counters, are reads too).
+SAFE_POINT_WEIGHT = 100
+READ_WEIGHT = 10
+MODULE_CALL_WEIGHT = 8
+
+
+def _weight(at: At) -> int:
+    if at is AT_STEP or at is AT_BLOCK:
+        return SAFE_POINT_WEIGHT
+    return MODULE_CALL_WEIGHT if at is AT_MODULE else READ_WEIGHT
+
+
+class DeferPolicy:
+    """The session's deferral policy: one :class:`~.phases.Phase`, moved by one transition
+    function (:meth:`feed`) fed immutable events, with the counters it decides from.
+
+    It stops deferral after ``patience`` windows in a row with nothing worth compiling, or
+    once timed windows show their capture cannot pay (Note [Windows that cannot pay stop
+    deferral]), or once a measure shows ops too cheap to capture (Note [Measure before
+    capturing]; ``measure=True``, as sessions run). ``enabled=False`` (option
+    ``adaptive_passthrough``) always defers, but for growing windows. The mode asks
+    :meth:`should_defer` before opening a window (O(1), on every torch call), the
+    mechanism (dispatch/parking.py) feeds it safe points and gets an :class:`~.phases.Act`
+    back, and each flushed window's :class:`Verdict` is fed to it (:meth:`note`). While
+    passing through it probes once every ``probe_every`` calls' worth (Note [Probes are
+    paid for]). Its own counters (ops passed through while measuring, whole spans) are
+    its own: ``reset_stats()`` does not touch them.
+
+    Example::
+
+        >>> p = DeferPolicy(warmup=True)
+        >>> p.phase, p.feed(WarmupEnded("a read")), p.phase
+        (<Phase.WARMING: 'warming'>, True, <Phase.CAPTURING: 'capturing'>)
     """
 
     def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
                  novel_patience: int = 48, in_flight: Callable[[], int] | None = None,
-                 warmup: bool = False, passed_ops: Callable[[], int] | None = None,
-                 spans: Callable[[], int] | None = None, launch_bound: bool = False):
+                 warmup: bool = False, measure: bool = False, launch_bound: bool = False,
+                 backlog: Callable[[], int] | None = None):
         self.enabled = enabled
         # Note [The first iteration runs eagerly]
         # Capturing a window the first time costs its ops' Python capture (15-90 µs each)
@@ -211,48 +209,55 @@ class DeferPolicy:
         # sighting. So a warming policy starts out passing ops straight through, and
         # capture starts where the program's iterations begin: its first read of a value
         # (``loss.item()``, print, in the program's own code: torch's reads, like AdamW's
-        # of its step count, do not count; the owner calls end_warmup) or the end of its
+        # of its step count, do not count; the owner feeds WarmupEnded) or the end of its
         # first optimizer step (a safe point). A program that does neither starts capturing
         # at the first probe (``probe_every`` calls' worth of safe points). Its first
         # iteration then costs what eager's does, with no capture and no compile.
-        self.warming = enabled and warmup
-        self._in_flight = in_flight
-        self._waiting = False
+        self.phase = _WARMING if enabled and warmup else _CAPTURING
+        self._in_flight = in_flight  # a gauge (compiles in flight), not a statistic
         self.patience = patience
         self.probe_every = probe_every
         self.novel_patience = novel_patience
-        self._novel_streak = 0
-        self._reshaped_streak = 0  # Note [Growing windows stay eager under forced capture]
-        self._novel_run = 0  # novel windows in a row (of 4 ops or more)
-        self._growing = ""
-        self._streak = 0
-        self._defer = not self.warming
+        self.measure = measure  # Note [Measure before capturing]
+        self.launch_bound = launch_bound  # Note [Launch-bound devices pay sooner]
+        # Note [Occupancy gates capture]: the asynchronous device's backlog (ns) where a
+        # read begins, or None; the waits summed over a measure
+        self.backlog = backlog
+        self._waited_ns = 0
+        self.tally = Tally()  # the verdicts' streaks and sums (runtime/verdicts.py)
+        # -- why: the last move's (why_deferring) and the last stop's (reason)
+        self._why = "capture from the block's first op" if self.phase is _CAPTURING else ""
+        self._stopped = ""
+        # -- probes (Note [Probes are paid for]): calls' worth since the last one, and the
+        # last capture phase's length (unparked to parked)
         self._calls = 0
-        self._probe = False  # a probe's window is open: defer until its verdict
-        self._spent_eager = 0  # Note [Windows that cannot pay stop deferral]
-        self._spent_capture = 0
-        self._spent_windows = 0
-        self._cannot_pay = ""
-        self._why = "capture from the block's first op" if self._defer else ""
-        self._parked_ns: int | None = None  # Note [Probes are paid for]
+        self._parked_ns: int | None = None
         self._unparked_ns: int | None = None
         self._phase_ns = 0
-        # Note [Measure before capturing]: how many ops passed through so far (None: no
-        # measuring, capture starts at once), and where the measure started.
-        self._passed_ops = passed_ops
-        self.launch_bound = launch_bound  # Note [Launch-bound devices pay sooner]
-        # ... and how many whole spans (step to step, read to read) ran on the stack
-        # (Counters.safe_point_seen): a measure covers one, so that the ops a parked
-        # mode runs can be estimated (Note [Counting while passing through]).
-        self._spans = spans
-        self._measure_spans = 0
-        self._measure_end_ns = 0
-        self._settled = True
-        self._decided: str | None = None
-        self.seeding = False
-        self.measuring = False
+        # -- its own counters (Note [Counting while passing through]): ops passed through
+        # on the stack (the mode adds to ``passed``), whole spans on the stack
+        # (read to read, step's end to step's end) and whether a step was ever seen
+        self.passed = 0
+        self._spans = [0, 0]  # [reads, steps]
+        self._open = [False, False]  # a span of that kind started on the stack
+        self._stepped = False
+        # -- the measure under way (Note [Measure before capturing])
         self._measure_ns = 0
+        self._measure_end_ns = 0
         self._measure_ops = 0
+        self._measure_spans = 0
+        self._decided = ""  # why capture was decided (SEEDING), the next CAPTURING's why
+        # Note [Only fusible ops pay for capture]: CPU time inside ops that cannot fuse
+        # while timing (the mode adds to it), and which ops can (memo by overload)
+        self.unfusible_ns = 0
+        self._fusible: dict[Any, bool] = {}
+        # Hot-path copy of "phase is SETTLING or MEASURING": the mode times ops that
+        # cannot fuse.
+        self.timing = False
+        self._seeds_left = 0
+        # Hot-path copy of "phase is SEEDING with seeds left": read on every op passed
+        # through (Note [Seeding the memo from real runs], dispatch/meta.py).
+        self.seeding = False
         # Called when deferral stops (the mechanism's cue: dispatch/parking.py).
         self.on_stop: Callable[[], None] | None = None
 
@@ -261,43 +266,182 @@ class DeferPolicy:
         """The policy a session with ``options`` runs under (its compiles counted in
         ``counters``)."""
         return cls(options.adaptive_passthrough, warmup=options.warmup,
-                   in_flight=lambda: counters.compiles_in_flight,
-                   passed_ops=lambda: counters.ops_passthrough,
-                   spans=lambda: (counters.span_steps if counters.optimizer_steps
-                                  else counters.span_reads),
-                   launch_bound=torch.device(options.device).type != "cpu")
+                   in_flight=lambda: counters.compiles_in_flight, measure=True,
+                   launch_bound=torch.device(options.device).type != "cpu",
+                   backlog=backlog_probe(torch.device(options.device).type))
 
     @classmethod
     def never(cls) -> "DeferPolicy":
         """A policy that never defers nor probes (a block closed from another thread)."""
-        p = cls(probe_every=2**62)
-        p._defer = False
-        p._why = ""
+        p = cls()
+        p.phase, p._why = _OFF, ""
         return p
 
-    def end_warmup(self) -> bool:
-        """Start capturing (Note [The first iteration runs eagerly]); True if warming."""
-        if not self.warming:
+    # -- the one transition function ------------------------------------------------------
+    def feed(self, event: Any) -> Any:
+        """Take one event; returns the answer for it: an :class:`~.phases.Act` for a
+        :class:`~.phases.SafePoint`, whether the warm-up ended for
+        :class:`~.phases.WarmupEnded`, else None.
+
+        Example::
+
+            >>> p = DeferPolicy(patience=1)
+            >>> p.feed(Verdict(50)); p.phase
+            <Phase.PASSING: 'passing'>
+            >>> p.feed(SafePoint(At.READ, parked=False))
+            <Act.PARK: 'park'>
+        """
+        kind = type(event)
+        if kind is SafePoint:
+            return self.at_safe_point(*event)
+        if kind is Seen:
+            self.seen(*event)
+        elif kind is Moved:
+            self._moved(event)
+        elif kind is Verdict:
+            self.note(event)
+        elif kind is WarmupEnded:
+            return self.end_warmup()
+        else:
+            raise TypeError(f"DeferPolicy.feed: not an event: {event!r}")
+        return None
+
+    def _move(self, to: Phase, why: str | None = None) -> bool:
+        """The one place the phase changes (only where ALLOWED says); True if it moved."""
+        if to is not self.phase and to not in ALLOWED[self.phase]:
             return False
-        self.warming = False
-        self._calls = 0
-        self._capture_or_measure("the warm-up ended")
+        self.phase = to
+        self.seeding = to is _SEEDING and self._seeds_left > 0
+        self.timing = to is _MEASURING or to is _SETTLING
+        if why is not None:
+            self._why = why
         return True
 
-    def _capture_or_measure(self, why: str) -> None:
-        if self._passed_ops is None or not self.enabled:
-            self._defer = True
-            self._why = why
-            return
-        self.measuring = True  # Note [Measure before capturing]
-        self._why = f"{why}: measuring what ops cost"
+    # -- safe points ----------------------------------------------------------------------
+    def at_safe_point(self, at: At, parked: bool, pending: bool = False,
+                      in_step: bool = False) -> Act:
+        """``feed(SafePoint(...))`` without making the event (the hot path: every read
+        of a parked program comes here)."""
+        if parked:
+            if in_step and at is AT_READ:
+                return ACT_STAY  # Note [Probes come between optimizer steps] (parking.py)
+            return ACT_UNPARK if self.on_stack(_weight(at)) else ACT_STAY
+        if pending:
+            return ACT_STAY
+        measuring = self.measuring
+        weight = _weight(at) if at is AT_BLOCK else 0
+        if not self.on_stack(weight):
+            return ACT_PARK
+        if measuring and not self.measuring:
+            return ACT_CAPTURE
+        return ACT_STAY
+
+    def on_stack(self, weight: int = 1) -> bool:
+        """At a safe point: whether the mode should be on the dispatch-mode stack now
+        (capturing, measuring, or a probe due). Ends a measure that has seen enough
+        (Note [Measure before capturing])."""
+        p = self.phase
+        if p is not _SETTLING and p is not _MEASURING and p is not _SEEDING:
+            return self.should_defer(weight) or self.measuring  # a probe measures first
+        now = time.thread_time_ns()
+        in_time = now < self._measure_end_ns
+        spans = self._span_count()
+        if self.phase is _SEEDING:  # the seeding span after a decision to capture
+            if not (in_time and spans == self._measure_spans):
+                self._move(_CAPTURING, self._decided)
+            return True
+        ops = self.passed - self._measure_ops
+        if self.phase is _SETTLING:
+            if in_time and spans == self._measure_spans:
+                return True
+            # Note [The first span settles]: time from here, one whole span later (or,
+            # a span longer than the measure's time, from here on: Note [Only fusible
+            # ops pay for capture])
+            self._move(_MEASURING)
+            self._start_timing()
+            self._measure_ops, self._measure_spans = self.passed, spans
+            if not in_time:
+                self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS
+            return True
+        if in_time and (ops < MEASURE_OPS or spans == self._measure_spans):
+            return True
+        # Note [Only fusible ops pay for capture]: time inside ops that cannot fuse is left out
+        per_op = (now - self._measure_ns - self.unfusible_ns) / max(ops, 1)
+        apart = (f"; {self.unfusible_ns / 1e6:.1f} ms in ops that cannot fuse left out"
+                 if self.unfusible_ns else "")
+        regime, device_bound = self._regime()
+        if device_bound or (ops and per_op >= self._threshold()):
+            # Note [Seeding the memo from real runs] (dispatch/meta.py): one more span
+            # passes through, seeding (a plain attribute: asked on passed-through ops)
+            self._decided = (f"{regime}ops took {per_op / 1e3:.0f} µs each (over {ops} ops{apart}): "
+                             f"worth capturing")
+            self._seeds_left = SEED_OPS
+            self._measure_spans = spans
+            self._measure_end_ns = now + MEASURE_MAX_NS
+            self._move(_SEEDING)
+            return True
+        self._stop(f"{regime}ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through{apart}): "
+                   f"less than capturing one costs, so capture cannot pay")
+        return False
+
+    def _start_timing(self) -> None:
         self._measure_ns = time.thread_time_ns()
-        self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS  # settling included
-        self._measure_ops = self._passed_ops()
-        self._measure_spans = self._spans() if self._spans is not None else 0
-        self._settled = self._spans is None
-        self._decided = None
-        self.seeding = False
+        self.unfusible_ns = self._waited_ns = 0
+
+    def seen(self, read: bool, parked: bool) -> None:
+        """``feed(Seen(read, parked))`` without making the event (the hot path)."""
+        if parked:  # no span runs through a park
+            if not read:
+                self._stepped = True
+            return
+        if read and self.timing and self.backlog is not None:
+            self._waited_ns += self.backlog()  # Note [Occupancy gates capture]
+        k = 0 if read else 1
+        if not read:
+            self._stepped = True
+        if self._open[k]:
+            self._spans[k] += 1
+        self._open[k] = True
+
+    def _span_count(self) -> int:
+        return self._spans[1] if self._stepped else self._spans[0]
+
+    def _moved(self, ev: Moved) -> None:
+        if ev.parked:  # Note [Probes are paid for]
+            if self._unparked_ns is not None:
+                self._phase_ns = ev.now_ns - self._unparked_ns
+            self._parked_ns = ev.now_ns
+            self._open = [False, False]
+        else:
+            self._unparked_ns = ev.now_ns
+            self._parked_ns = None
+            if ev.read is not None:
+                self._open[0 if ev.read else 1] = True
+
+    def _threshold(self) -> float:
+        """The host time per op above which capture pays (Note [Occupancy gates capture]:
+        the CPU rule on an asynchronous device)."""
+        if self.launch_bound and self.backlog is None:
+            return LAUNCH_MEASURE_NS_PER_OP  # Note [Launch-bound devices pay sooner]
+        return MEASURE_NS_PER_OP
+
+    def _regime(self) -> tuple[str, bool]:
+        """(the report's words on the device's occupancy over the measure, whether the
+        device is the bottleneck); ``("", False)`` without a backlog probe."""
+        if self.backlog is None:
+            return "", False
+        waited, busy = self._waited_ns, time.thread_time_ns() - self._measure_ns
+        figures = f"the host waited {waited / 1e6:.1f} ms at its reads, busy {busy / 1e6:.1f} ms"
+        if waited >= DEVICE_BOUND_SHARE * max(waited + busy, 1):
+            return f"device-bound ({figures}: capture is free); ", True
+        return f"host-bound ({figures}: capture must pay from host time); ", False
+
+    def fusible(self, func: Any) -> bool:
+        """Whether ``func`` can fuse (fusion.policy.fusible, memoized per overload)."""
+        known = self._fusible.get(func)
+        if known is None:
+            known = self._fusible[func] = fusible(func)
+        return known
 
     def seeded(self) -> None:
         """The mode seeded the memo from one op (Note [Seeding the memo from real runs])."""
@@ -305,62 +449,30 @@ class DeferPolicy:
         if self._seeds_left <= 0:
             self.seeding = False
 
-    def on_stack(self, weight: int = 1) -> bool:
-        """At a safe point: whether the mode should be on the dispatch-mode stack now
-        (capturing, measuring, or a probe due). Ends a measure that has seen enough
-        (Note [Measure before capturing])."""
-        if not self.measuring:
-            return self.should_defer(weight) or self.measuring  # a probe measures first
-        now = time.thread_time_ns()
-        in_time = now < self._measure_end_ns
-        if self._decided is not None:  # the seeding span after a decision to capture
-            if in_time and self._spans() == self._measure_spans:  # type: ignore[misc]
-                return True
-            self.measuring = self.seeding = False
-            self._defer = True
-            self._why, self._decided = self._decided, None
-            return True
-        ops = self._passed_ops() - self._measure_ops  # type: ignore[misc]
-        elapsed = now - self._measure_ns
-        if not self._settled and in_time:
-            if self._spans() == self._measure_spans:  # type: ignore[misc]
-                return True
-            # Note [The first span settles]: time from here, one whole span later
-            self._settled = True
-            self._measure_ns = time.thread_time_ns()
-            self._measure_ops = self._passed_ops()  # type: ignore[misc]
-            self._measure_spans = self._spans()  # type: ignore[misc]
-            return True
-        if in_time and (ops < MEASURE_OPS or (
-                self._spans is not None and self._spans() == self._measure_spans)):
-            return True
-        per_op = elapsed / max(ops, 1)
-        if ops and per_op >= (LAUNCH_MEASURE_NS_PER_OP if self.launch_bound else MEASURE_NS_PER_OP):
-            why = f"ops took {per_op / 1e3:.0f} µs each (over {ops} ops): worth capturing"
-            if self._spans is not None:
-                # Note [Seeding the memo from real runs] (dispatch/meta.py): one more span
-                # passes through, seeding (a plain attribute: asked on passed-through ops)
-                self._decided = why
-                self.seeding = True
-                self._seeds_left = SEED_OPS
-                self._measure_spans = self._spans()
-                self._measure_end_ns = now + MEASURE_MAX_NS
-                return True
-            self.measuring = False
-            self._defer = True
-            self._why = why
-            return True
-        self.measuring = False
-        self._cannot_pay = (
-            f"ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through): "
-            f"less than capturing one costs, so capture cannot pay")
-        self._stop()
-        return False
+    # -- warm-up, measures, stops ----------------------------------------------------------
+    def end_warmup(self) -> bool:
+        """Start capturing (Note [The first iteration runs eagerly]); True if warming."""
+        if self.phase is not _WARMING:
+            return False
+        self._calls = 0
+        self._capture_or_measure("the warm-up ended")
+        return True
 
-    def _stop(self) -> None:
-        self._defer = False
-        self._probe = False
-        if self.on_stop is not None:
+    def _capture_or_measure(self, why: str) -> None:
+        if not self.measure or not self.enabled:
+            self._move(_CAPTURING, why)
+            return
+        self._start_timing()
+        self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS  # settling included
+        self._measure_ops = self.passed
+        self._measure_spans = self._span_count()
+        self._move(_SETTLING, f"{why}: measuring what ops cost")
+
+    def _stop(self, why: str | None, to: Phase = _PASSING) -> None:
+        """Deferral stops (``why``: the reason it gives while passing through)."""
+        if why is not None:
+            self._stopped = why
+        if self._move(to) and self.on_stop is not None:
             self.on_stop()
 
     def note(self, verdict: Verdict) -> None:
@@ -375,138 +487,85 @@ class DeferPolicy:
         compile is in flight (``in_flight() == 0``), then resumes to judge the window
         with its compiled regions (Note [Waiting for compiles runs eagerly]).
         """
-        self._probe = False
-        n_ops = verdict.ops
+        if self.phase is _PROBING:  # the probe's window: its verdict decides
+            self._move(_PASSING)
         if verdict.pending:
             if self.enabled and self._in_flight is not None:
-                self._waiting = True
-                self._stop()
+                self._stop(None, _WAITING)
             return
-        if verdict.worth:
-            self._spent_eager = self._spent_capture = self._spent_windows = 0
-        elif verdict.eager_ns is not None and verdict.capture_ns is not None and n_ops >= 4:
-            self._spent_eager += verdict.eager_ns
-            self._spent_capture += verdict.capture_ns
-            self._spent_windows += 1
-            if self.enabled and self._spent_windows >= 2 and \
-                    self._spent_capture >= CANNOT_PAY_EVIDENCE_NS and \
-                    self._spent_eager < CANNOT_PAY_SHARE * self._spent_capture:
-                self._cannot_pay = (
-                    f"windows did not pay for their capture: they ran in "
-                    f"{self._spent_eager / 1e6:.1f} ms eagerly and took "
-                    f"{self._spent_capture / 1e6:.1f} ms to capture")
-                self._spent_eager = self._spent_capture = self._spent_windows = 0
-                self._stop()
-                return
-        if verdict.novel:
-            if n_ops >= 4:
-                # ``reshaped``: the same ops as a window seen before, on other shapes (a
-                # sequence length that changes every step). Such windows will not recur
-                # either, and capturing each costs its ops' metadata kernels afresh
-                # (~0.5 ms per op for torch's Python ones), so they count RESHAPED_WEIGHT-
-                # fold: the second reshaped window in a row passes through (measured: a
-                # GPT forward with a new length each step costs 3-4x eager to capture).
-                self._novel_streak += RESHAPED_WEIGHT if verdict.reshaped else 1
-                self._reshaped_streak = self._reshaped_streak + 1 if verdict.reshaped else 0
-                self._novel_run += 1
-                if self.enabled and self._novel_streak >= self.novel_patience:
-                    self._cannot_pay = ""
-                    self._stop()
-                elif not self.enabled and ((verdict.grew and self._novel_run >= 2) or
-                                           self._reshaped_streak >= RESHAPED_STREAK):
-                    # Note [Growing windows stay eager under forced capture]
-                    self._growing = (GROWING_REASON if verdict.grew else RESHAPED_REASON).format(
-                        n=self._reshaped_streak)
-                    self._stop()
-            return
-        self._novel_streak = 0
-        self._reshaped_streak = 0
-        self._novel_run = 0
-        if verdict.worth:
-            self._streak = 0
-            if not self._defer:
-                self._why = "a window is worth compiling"
-            self._defer = True
-        elif n_ops >= 4:  # one or two ops say nothing about the program
-            self._streak += 1
-            if self.enabled and self._streak >= self.patience:
-                self._cannot_pay = ""
-                self._stop()
+        worth, stop = self.tally.weigh(verdict, self.enabled, self.patience, self.novel_patience)
+        if stop is not None:
+            self._stop(stop)
+        elif worth and self.phase is not _CAPTURING:
+            self._move(_CAPTURING, "a window is worth compiling")
+
+    # -- what it says -----------------------------------------------------------------------
+    @property
+    def warming(self) -> bool:
+        """Whether the first iteration is still running (_WARMING)."""
+        return self.phase is _WARMING
 
     @property
-    def deferring(self) -> bool:
-        """Whether the policy defers now (without counting a call towards a probe)."""
-        return self._defer
+    def measuring(self) -> bool:
+        """Whether a measure is under way (settling, timing or seeding)."""
+        p = self.phase  # identity tests: ``in`` a tuple of members costs ~0.2 µs
+        return p is _SETTLING or p is _MEASURING or p is _SEEDING
 
     @property
     def reason(self) -> str:
         """Why ops pass straight through now (for logs and the report), or ``""``."""
-        if self._defer:
+        p = self.phase
+        if p is _CAPTURING:
             return ""
-        if self.warming:
+        if p is _WARMING:
             return WARMUP_REASON
-        if self._waiting:
+        if p is _WAITING:
             return WAITING_REASON
-        if self._cannot_pay:
-            return self._cannot_pay
-        if self._growing:
-            return self._growing
-        if self._novel_streak >= self.novel_patience:
-            return f"{self._novel_streak} windows in a row never seen before (they do not recur)"
-        return f"{self._streak} windows in a row held nothing worth compiling"
+        return self._stopped or f"{self.tally.streak} windows in a row held nothing worth compiling"
 
     @property
     def why_deferring(self) -> str:
         """Why the policy defers (or captures a probe) now, for the report's phases."""
         return self._why
 
-    def parked(self, now_ns: int) -> None:
-        """The mechanism parked the mode at ``now_ns`` (Note [Probes are paid for])."""
-        if self._unparked_ns is not None:
-            self._phase_ns = now_ns - self._unparked_ns
-        self._parked_ns = now_ns
-
-    def unparked(self, now_ns: int) -> None:
-        """The mode is back on the stack at ``now_ns``."""
-        self._unparked_ns = now_ns
-        self._parked_ns = None
-
     def should_defer(self, weight: int = 1) -> bool:
-        """O(1). ``weight``: how many calls this one stands for (a safe point at the end
+        """O(1): whether to open a window (the hot path of feeding a call's worth of
+        ticks). ``weight``: how many calls this one stands for (a safe point at the end
         of an optimizer step stands for a step's worth of torch calls)."""
-        if self._defer or self._probe:
+        p = self.phase
+        if p is _CAPTURING or p is _PROBING:
             return True
-        if self.measuring:
+        if p is _WAITING:
+            # Note [Waiting for compiles runs eagerly]: compiles landing end the wait
+            # (no probe meanwhile: the wait ends by itself, compile_timeout_s at most)
+            if self._in_flight() == 0:  # type: ignore[misc]
+                self._move(_CAPTURING, "compiles finished")
+                return True
             return False
-        if self._waiting and self._in_flight() == 0:  # type: ignore[misc]
-            self._waiting = False
-            self._defer = True
-            self._why = "compiles finished"
-            return True
+        if p is not _PASSING and p is not _WARMING:
+            return False  # measuring, seeding, off
         self._calls += weight
-        if self._calls >= self.probe_every:
-            if self._parked_ns is not None and self._phase_ns:
-                # Note [Probes are paid for]: not before the last phase is paid for
-                now = time.perf_counter_ns()
-                if now < self._parked_ns + self._phase_ns / PROBE_SHARE:
-                    self._calls = self.probe_every // 2  # look at the clock again later
-                    return False
-            self._calls = 0
-            if self.warming:
-                self.warming = False
-                self._capture_or_measure("a probe ended the warm-up")
-                return self._defer
-            if self._passed_ops is not None:
-                self._capture_or_measure("a probe")
+        if self._calls < self.probe_every:
+            return False
+        if self._parked_ns is not None and self._phase_ns:
+            # Note [Probes are paid for]: not before the last phase is paid for
+            if time.perf_counter_ns() < self._parked_ns + self._phase_ns / PROBE_SHARE:
+                self._calls = self.probe_every // 2  # look at the clock again later
                 return False
-            self._probe = True
-            self._why = "a probe"
-            return True
-        return False
+        self._calls = 0
+        if p is _WARMING:
+            self._capture_or_measure("a probe ended the warm-up")
+            return self.phase is _CAPTURING
+        if self.measure:
+            self._capture_or_measure("a probe")
+            return False
+        self._move(_PROBING, "a probe")
+        return True
 
 
 __all__ = [
     "RESHAPED_WEIGHT", "RESHAPED_STREAK", "GROWING_REASON", "RESHAPED_REASON", "CANNOT_PAY_EVIDENCE_NS", "CANNOT_PAY_SHARE", "PROBE_SHARE", "MEASURE_OPS",
-    "SEED_OPS", "MEASURE_MAX_NS", "MEASURE_NS_PER_OP", "LAUNCH_MEASURE_NS_PER_OP", "WARMUP_REASON",
-    "WAITING_REASON", "DeferPolicy", "Verdict",
+    "SEED_OPS", "MEASURE_MAX_NS", "MEASURE_NS_PER_OP", "LAUNCH_MEASURE_NS_PER_OP", "DEVICE_BOUND_SHARE", "WARMUP_REASON",
+    "WAITING_REASON", "SAFE_POINT_WEIGHT", "READ_WEIGHT", "MODULE_CALL_WEIGHT", "DeferPolicy", "Verdict",
+    "Phase", "Act", "At", "SafePoint", "Seen", "Moved", "WarmupEnded",
 ]

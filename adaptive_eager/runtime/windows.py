@@ -191,6 +191,36 @@ def route(history: WindowHistory | None, n_ops: int, options: Any, demote: bool,
 # per gradient-accumulation cycle) is one more eager run of it.
 
 
+# Note [Timing decides speed, never values]
+# Timings decide, here and in runtime/windows.py and compiled.py: whether a mode captures,
+# measures or parks (MEASURE_NS_PER_OP, CANNOT_PAY_*, probes), whether a window is planned
+# or replayed (pays_for_capture, route), when a compile is given up (compile_timeout_s,
+# check_timeout) and whether a compiled region is demoted; a busy machine also moves where
+# a compile lands (before, between or after a window's regions). Each decision picks how
+# ops run (passed through, replayed by run_nodes, by generated code, or called compiled),
+# never what they compute: every path calls the recorded ATen overloads with the recorded
+# arguments (lifted floats are the recorded Python floats, or 0-dim tensors that round as
+# eager does) on tensors of eager's layouts, with the program's intra-op thread count (Note [The program's threads are its own], compiled.py), and
+# regions never hold a random op. Issue 21 reported two differences seen once each under
+# load and not reproduced: (a) ``randn(4096, float64).exp().cumsum(0)``, capture forced,
+# backend "eager", 1.04e-7 off eager (relative ~1e-10, i.e. ~1e5 ulps of float64: one
+# value rounded as float32 would do it, a reordered sum of 4096 terms would not, ~3e-9 at
+# most); (b) ``.item()`` values of a program whose compiler never returns. The search
+# found no path by which a timing changes a value. Ruled out, with evidence: thread
+# counts (torch 2.13's count is process-wide, read the same in every thread, and these
+# ops run single-threaded below ATen's grain size: bitwise equal at 1 and 2 threads and
+# from another thread); a compile landing mid-window (each region checks its entry once;
+# a late result of a timed-out compile is dropped); compiles drawing random numbers or
+# rewinding the stream (Note [Compiles never rewind the program's random stream]);
+# global-state setters called by a compile (none of our backends' compiles calls one);
+# first sightings vs plans vs generated replay (same ops and arguments); flushes run in
+# another thread (a global-state change elsewhere, a block closed from another thread:
+# new threads inherit the creating thread's flush-denormal bit; the count is shared).
+# tests/test_stress_timing.py guards it: the reported programs and a training loop beside
+# a process that burns a core, with every threshold above forced to each side and
+# compiles that stall or land at any moment, equal eager bit for bit (36 cases, all
+# passing; before this note too, so it guards rather than fixes).
+
 def judge(history: WindowHistory, n_ops: int, worth: bool, ran_compiled: bool,
           compiling: bool, ran_end_ns: int, opened_ns: int, async_compile: bool,
           run_ns: int | None = None) -> Verdict:
