@@ -130,7 +130,7 @@ class Verdict:
     first sighting of ops seen lately on other shapes; ``pending``: its regions are
     compiling (Note [Waiting for compiles runs eagerly]); ``eager_ns`` / ``capture_ns``:
     its eager run and its capture (first op to flush) when it was replayed eagerly and
-    timed (Note [Windows that cannot pay stop deferral], runtime/adapt.py); ``grew``: a
+    timed (Note [Windows that cannot pay stop deferral], runtime/verdicts.py); ``grew``: a
     reshaped window whose values are each at least as large as last time (a growing
     sequence, Note [Growing windows stay eager under forced capture]).
     """
