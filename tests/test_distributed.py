@@ -212,12 +212,52 @@ def _scenario_ddp_construct(rank: int, report: dict) -> None:
     report["ddp_construct"] = {"flushes": flushes}
 
 
+def _scenario_ddp_step(rank: int, report: dict) -> None:
+    """DDP with the optimizer step compiled (issue 24): AdamW over DDP's params, 8 steps,
+    the program parked (default options) and the step compiled with the eager backend:
+    losses and params bitwise equal to eager DDP's."""
+    import contextlib
+
+    import adaptive_eager as ae
+    from adaptive_eager import session
+
+    def train(ctx) -> tuple[list[float], list[torch.Tensor]]:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = _model()
+        ddp = DDP(model, bucket_cap_mb=0.001)
+        with ctx:
+            opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, weight_decay=0.01)
+            gen = torch.Generator().manual_seed(200 + rank)
+            losses = []
+            for _ in range(8):
+                x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.mse_loss(ddp(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    ref = train(contextlib.nullcontext())
+    session.counters().reset()
+    got = train(ae.adaptive_eager(backend="eager", async_compile=False))
+    problems = []
+    if got[0] != ref[0]:
+        problems.append(f"losses {got[0]} != {ref[0]}")
+    if not all(torch.equal(p, r) for p, r in zip(got[1], ref[1])):
+        problems.append("parameters differ")
+    report["ddp_step"] = {"problems": problems, "losses": got[0],
+                          "compiled": session.counters().optimizer_steps_compiled}
+
+
 SCENARIOS = {
     "ddp": _scenario_ddp,
     "ddp_construct": _scenario_ddp_construct,
     "c10d": _scenario_c10d,
     "functional": _scenario_functional,
     "fsdp2": _scenario_fsdp2,
+    "ddp_step": _scenario_ddp_step,
 }
 
 
@@ -306,6 +346,16 @@ def test_c10d_collectives_are_window_boundaries(reports):
 def test_functional_collectives_are_window_boundaries(reports):
     fc = _ok(reports, "functional")
     assert fc[0]["flushes"] == fc[1]["flushes"]
+
+
+@pytest.mark.slow
+def test_ddp_with_the_optimizer_step_compiled(reports):
+    """Issue 24: DDP's params, the step compiled: bitwise eager DDP on every rank."""
+    got = _ok(reports, "ddp_step")
+    for rank, r in enumerate(got):
+        assert not r["problems"], f"rank {rank}: {r['problems']}"
+        assert r["compiled"] == 5, (rank, r)  # 8 steps: state creation, trace, check, then compiled
+    assert got[0]["losses"] != got[1]["losses"]
 
 
 @pytest.mark.slow
