@@ -46,8 +46,8 @@ def _model() -> torch.nn.Module:
     )
 
 
-def _train_ddp(rank: int, steps: int, ctx_factory,
-               build_inside: bool = False) -> tuple[list[float], list[torch.Tensor]]:
+def _train_ddp(rank: int, steps: int, ctx_factory, build_inside: bool = False,
+               make_opt=None, seed: int = 100) -> tuple[list[float], list[torch.Tensor]]:
     import contextlib
 
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -56,9 +56,10 @@ def _train_ddp(rank: int, steps: int, ctx_factory,
         model = _model()
         ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets: several allreduces per step
     with ctx_factory():
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        params = ddp.parameters()
+        opt = make_opt(params) if make_opt else torch.optim.SGD(params, lr=0.1, momentum=0.9)
         losses = []
-        gen = torch.Generator().manual_seed(100 + rank)  # different data per rank
+        gen = torch.Generator().manual_seed(seed + rank)  # different data per rank
         for _ in range(steps):
             x = torch.randn(8, 16, generator=gen)
             y = torch.randn(8, 4, generator=gen)
@@ -221,27 +222,13 @@ def _scenario_ddp_step(rank: int, report: dict) -> None:
     import adaptive_eager as ae
     from adaptive_eager import session
 
-    def train(ctx) -> tuple[list[float], list[torch.Tensor]]:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
 
-        model = _model()
-        ddp = DDP(model, bucket_cap_mb=0.001)
-        with ctx:
-            opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, weight_decay=0.01)
-            gen = torch.Generator().manual_seed(200 + rank)
-            losses = []
-            for _ in range(8):
-                x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
-                opt.zero_grad(set_to_none=True)
-                loss = torch.nn.functional.mse_loss(ddp(x), y)
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-        return losses, [p.detach().clone() for p in model.parameters()]
-
-    ref = train(contextlib.nullcontext())
+    ref = _train_ddp(rank, 8, contextlib.nullcontext, make_opt=adamw, seed=200)
     session.counters().reset()
-    got = train(ae.adaptive_eager(backend="eager", async_compile=False))
+    got = _train_ddp(rank, 8, lambda: ae.adaptive_eager(backend="eager", async_compile=False),
+                     make_opt=adamw, seed=200)
     problems = []
     if got[0] != ref[0]:
         problems.append(f"losses {got[0]} != {ref[0]}")
