@@ -495,6 +495,27 @@ def test_compiled_step_adds_no_device_memory(backend):
     assert got[-compiled:] == [0] * compiled, got
 
 
+def test_a_small_step_is_compiled_for_one_thread():
+    """Note [A small step's kernel runs on one thread]: tensors within ATen's grain size
+    (eager runs each op on the calling thread) give a one-thread kernel; a bigger tensor
+    leaves the program's thread count to the compile service."""
+    from adaptive_eager.dispatch.optim_compile import GRAIN_SIZE, STEPS, kernel_threads
+    from adaptive_eager.runtime.compile_worker import THREADS_META
+
+    assert kernel_threads([torch.zeros(GRAIN_SIZE), torch.zeros(3)]) == 1
+    assert kernel_threads([torch.zeros(GRAIN_SIZE + 1), torch.zeros(3)]) is None
+    for n, want in ((64, 1), (GRAIN_SIZE + 1, torch.get_num_threads())):
+        p = torch.nn.Parameter(torch.ones(n))
+        opt = O.SGD([p], lr=0.1, momentum=0.9)
+        with _runtime():
+            for _ in range(4):
+                p.grad = torch.ones(n)
+                opt.step()
+        assert ae.stats().optimizer_steps_compiled >= 1
+        entry = STEPS._known[opt][1]  # the optimizer's compiled trace
+        assert entry.program.gm.meta[THREADS_META] == want, n
+
+
 def test_inductor_within_compile_differences():
     """Inductor: the compiled step stays within float32 rounding of eager (as
     torch.compile(opt.step) does) and runs compiled."""

@@ -214,8 +214,9 @@ class CompileService:
             return
         threads = torch.get_num_threads()
         meta = getattr(gm, "meta", None)
-        if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels
-            meta[THREADS_META] = threads
+        if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels,
+            # unless the builder chose one (Note [A small step's kernel runs on one thread])
+            threads = meta.setdefault(THREADS_META, threads)
         if self.store is not None:
             if entry.disk_key is None:
                 entry.disk_key = self.store.key(entry.key, threads)
