@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..runtime.backends import is_debugging
-from ..runtime.cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
+from ..runtime.cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from ..runtime.checks import clone_strided, close
 from ..runtime.compile_worker import THREADS_META
 from ..runtime.first_call import on_host
@@ -88,7 +88,7 @@ class Why:
 class _Entry:
     """One trace of a signature: its program and the compile service's entry."""
 
-    __slots__ = ("program", "region", "reason", "checked", "cls")
+    __slots__ = ("program", "region", "reason", "checked", "cls", "build")
 
     def __init__(self, cls: str, program: StepProgram | None, region: RegionEntry | None,
                  reason: str = ""):
@@ -97,6 +97,8 @@ class _Entry:
         self.region = region
         self.reason = reason
         self.checked = False
+        # (example inputs, kernel threads, exact) while a disk load may still need a compile
+        self.build: tuple | None = None
 
 
 def _unwrap(t: torch.Tensor) -> torch.Tensor | None:
@@ -196,6 +198,10 @@ class StepCompiler:
             known = (KnownStep(opt, got), entry, service)
             self._known[opt] = known
         region = entry.region
+        if entry.build is not None and region.state != COMPILING:
+            if region.state == COLD:  # a disk load that did not load: compile it
+                self._submit(entry, service, counters)
+            entry.build = None  # the example inputs are the program's tensors: let go
         if region.state == COMPILING:
             service.check_timeout(region)
         if region.state != COMPILED or region.fn is None:
@@ -303,27 +309,42 @@ class StepCompiler:
             table.setdefault(got.key, []).append(_Entry(cls, None, None, f"trace failed: {type(e).__name__}: {e}"))
             _note(counters, cls, f"eager: {Why.FAILED}: trace failed")
             return
-        region = RegionEntry(("optimizer", got.key, len(table.get(got.key) or ())), is_region=False)
+        # Note [Compiled steps in the persistent cache]
+        # The region key is spelled the same in every process (region_store.stable_text):
+        # the class by name, the rest of the signature (option names and values, tensor
+        # specs, state layout) and the traced graph's code, which fixes the artifact's
+        # calling convention (inputs, constants, lifted scalars); the store adds torch's
+        # version, the backend and the kernel's thread count. A trace whose artifact an
+        # earlier process saved loads it instead of compiling, and its first call is
+        # checked like a compiled one's (verify_compiled).
+        cls_name = f"{type(opt).__module__}.{type(opt).__qualname__}"
+        region = RegionEntry(("optimizer", cls_name, got.key[1:], len(table.get(got.key) or ()),
+                              program.gm.code), is_region=False)
         entry = _Entry(cls, program, region)
         table.setdefault(got.key, []).append(entry)
         _note(counters, cls, "signatures")
-        if not service.take_fuel():
-            service.fail(region, f"{R.COMPILE_FAILED}: out of fuel")
-            return
-        # Note [A seam for the persistent cache]
-        # The one place a compiled step could come from an earlier process: an artifact
-        # stored under a key made of ``program.gm.code``, the example inputs' specs and the
-        # backend (stable across processes; ``region.key`` holds live torch objects) would
-        # be loaded here and handed to transition(region, COMPILED, fn=...), and stored
-        # when the compile below finishes. Not built here (the persistent cache is its own
-        # work); until then each process compiles its steps once.
         steps = step_values(program, got.inputs) or []
         with _disable_current_modes():  # real example tensors (a pending handle: its specs)
             example = [_example(t) for t in got.inputs] + list(program.consts) + \
                 (program.scalars(got.hyper, steps) or [])
+        entry.build = (example, kernel_threads(got.inputs), is_debugging(backend))
+        if service.from_disk(region, entry.build[1]):
+            _note(counters, cls, "loads from disk")
+        if region.state == COLD:  # nothing saved, or an entry that did not load
+            self._submit(entry, service, counters)
+        _note(counters, cls, "eager: " + (Why.COMPILING if region.state == COMPILING else
+                                            f"{Why.FAILED}: {region.reason}" if region.state == EAGER_ONLY
+                                            else "traced"))
+
+    def _submit(self, entry: _Entry, service: Any, counters: Any) -> None:
+        """Queue ``entry``'s compile (the build its trace left)."""
+        cls, program, region = entry.cls, entry.program, entry.region
+        example, threads, exact = entry.build
+        entry.build = None
+        if not service.take_fuel():
+            service.fail(region, f"{R.COMPILE_FAILED}: out of fuel")
+            return
         _note(counters, cls, "compiles")
-        exact = is_debugging(backend)
-        threads = kernel_threads(got.inputs)
 
         def build() -> tuple:
             gm = program.gm if exact else lerp_for_compiler(program.gm)
@@ -332,9 +353,6 @@ class StepCompiler:
             return gm, example
 
         service.submit(region, build)
-        _note(counters, cls, "eager: " + (Why.COMPILING if region.state == COMPILING else
-                                            f"{Why.FAILED}: {region.reason}" if region.state == EAGER_ONLY
-                                            else "traced"))
 
     def _run(self, opt: Any, mode: Any, entry: _Entry, got: Any, scalars: list, service: Any,
              counters: Any, cls: str) -> bool:

@@ -312,12 +312,13 @@ class CompileService:
     # runs on copies]). An entry that cannot be read or loaded (damaged, another torch) is
     # deleted and the region goes back to cold, to be compiled as usual; one that loads
     # but fails its checks is deleted too.
-    def from_disk(self, entry: RegionEntry) -> bool:
-        """Start loading ``entry``'s artifact from the disk cache; True if started."""
+    def from_disk(self, entry: RegionEntry, threads: int | None = None) -> bool:
+        """Start loading ``entry``'s artifact from the disk cache; True if started.
+        ``threads``: the thread count it was compiled for (default: the program's)."""
         if self.store is None or entry.disk_tried or entry.state != COLD:
             return False
         entry.disk_tried = True
-        key = entry.disk_key = self.store.key(entry.key, torch.get_num_threads())
+        key = entry.disk_key = self.store.key(entry.key, threads or torch.get_num_threads())
         if key is None or not os.path.exists(self.store.cache.entry_path(key)):
             return False
         if not self.take_fuel() or not transition(entry, COMPILING):
