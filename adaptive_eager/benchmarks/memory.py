@@ -55,7 +55,7 @@ from typing import Any, Callable
 # code needs measured +115 MiB resident (~1,400 modules), a fixed cost whatever the
 # model's size, paid inside the measured steps because the step's compile finishes there.
 # Host memory only: the device counters do not move.
-# Until the step is compiled it runs eagerly with ``foreach=True`` (dispatch/optim.py),
+# Until the step is compiled, a captured step runs with ``foreach=True`` (dispatch/optim.py),
 # whose list intermediates hold one parameter-sized copy where torch's CPU default (the
 # single-tensor step) holds one parameter's: ``adamw-step`` peaked +98.5 MiB under default
 # options with its compile not ready in the measured steps. In the GPT step that copy
