@@ -335,6 +335,8 @@ def format_optimizer_steps(s: Stats) -> list[str]:
         line = (f"  {cls}: {_plural(kinds.get('signatures', 0), 'signature')}, "
                 f"{_plural(kinds.get('compiles', 0), 'compile')}, "
                 f"{_fmt_num(kinds.get('compiled steps', 0))} steps compiled")
+        if kinds.get("loads from disk"):  # Note [Compiled steps in the persistent cache]
+            line += f", {_plural(kinds['loads from disk'], 'trace')} loaded from the disk cache"
         if eager:
             line += "; eager: " + ", ".join(f"{_fmt_num(n)} {w}" for w, n in
                                             sorted(eager, key=lambda x: -x[1]))

@@ -116,6 +116,22 @@ def test_summarize_times_and_stats_helpers():
     assert derive({})["cache_hit_rate"] is None
 
 
+def test_compiled_optimizer_steps_get_their_own_share():
+    """A compiled optimizer step runs no op through the mode (ops_fused stays 0): the row
+    says which share of the steps ran compiled, beside the fused share."""
+    before = {"optimizer_step_kinds": {"AdamW|eager: state creation (first step)": 1,
+                                       "AdamW|compiles": 1}}
+    after = {"optimizer_step_kinds": {"AdamW|eager: state creation (first step)": 1, "AdamW|compiles": 1,
+                                      "AdamW|eager: compile not ready": 1, "AdamW|compiled steps": 3}}
+    d = diff_stats(after, before)
+    assert derive(d)["optimizer_steps_compiled_share"] == pytest.approx(0.75)
+    assert derive(after)["optimizer_steps_compiled_share"] == pytest.approx(0.6)
+    assert derive({"optimizer_step_kinds": {}})["optimizer_steps_compiled_share"] is None
+    row = {"workload": "adamw", "adaptive_fused_share": 0.0, "adaptive_step_share": 0.6}
+    assert T._fused_cell(row) == "0% step 60%"
+    assert T._fused_cell({"adaptive_fused_share": 0.5}) == "50%"
+
+
 def test_quick_eager_run(tmp_path):
     out = tmp_path / "r.json"
     cp = subprocess.run(

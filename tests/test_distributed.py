@@ -46,8 +46,8 @@ def _model() -> torch.nn.Module:
     )
 
 
-def _train_ddp(rank: int, steps: int, ctx_factory,
-               build_inside: bool = False) -> tuple[list[float], list[torch.Tensor]]:
+def _train_ddp(rank: int, steps: int, ctx_factory, build_inside: bool = False,
+               make_opt=None, seed: int = 100) -> tuple[list[float], list[torch.Tensor]]:
     import contextlib
 
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -56,9 +56,10 @@ def _train_ddp(rank: int, steps: int, ctx_factory,
         model = _model()
         ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets: several allreduces per step
     with ctx_factory():
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        params = ddp.parameters()
+        opt = make_opt(params) if make_opt else torch.optim.SGD(params, lr=0.1, momentum=0.9)
         losses = []
-        gen = torch.Generator().manual_seed(100 + rank)  # different data per rank
+        gen = torch.Generator().manual_seed(seed + rank)  # different data per rank
         for _ in range(steps):
             x = torch.randn(8, 16, generator=gen)
             y = torch.randn(8, 4, generator=gen)
@@ -212,12 +213,38 @@ def _scenario_ddp_construct(rank: int, report: dict) -> None:
     report["ddp_construct"] = {"flushes": flushes}
 
 
+def _scenario_ddp_step(rank: int, report: dict) -> None:
+    """DDP with the optimizer step compiled (issue 24): AdamW over DDP's params, 8 steps,
+    the program parked (default options) and the step compiled with the eager backend:
+    losses and params bitwise equal to eager DDP's."""
+    import contextlib
+
+    import adaptive_eager as ae
+    from adaptive_eager import session
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
+
+    ref = _train_ddp(rank, 8, contextlib.nullcontext, make_opt=adamw, seed=200)
+    session.counters().reset()
+    got = _train_ddp(rank, 8, lambda: ae.adaptive_eager(backend="eager", async_compile=False),
+                     make_opt=adamw, seed=200)
+    problems = []
+    if got[0] != ref[0]:
+        problems.append(f"losses {got[0]} != {ref[0]}")
+    if not all(torch.equal(p, r) for p, r in zip(got[1], ref[1])):
+        problems.append("parameters differ")
+    report["ddp_step"] = {"problems": problems, "losses": got[0],
+                          "compiled": session.counters().optimizer_steps_compiled}
+
+
 SCENARIOS = {
     "ddp": _scenario_ddp,
     "ddp_construct": _scenario_ddp_construct,
     "c10d": _scenario_c10d,
     "functional": _scenario_functional,
     "fsdp2": _scenario_fsdp2,
+    "ddp_step": _scenario_ddp_step,
 }
 
 
@@ -306,6 +333,16 @@ def test_c10d_collectives_are_window_boundaries(reports):
 def test_functional_collectives_are_window_boundaries(reports):
     fc = _ok(reports, "functional")
     assert fc[0]["flushes"] == fc[1]["flushes"]
+
+
+@pytest.mark.slow
+def test_ddp_with_the_optimizer_step_compiled(reports):
+    """Issue 24: DDP's params, the step compiled: bitwise eager DDP on every rank."""
+    got = _ok(reports, "ddp_step")
+    for rank, r in enumerate(got):
+        assert not r["problems"], f"rank {rank}: {r['problems']}"
+        assert r["compiled"] == 5, (rank, r)  # 8 steps: state creation, trace, check, then compiled
+    assert got[0]["losses"] != got[1]["losses"]
 
 
 @pytest.mark.slow

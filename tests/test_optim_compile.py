@@ -449,6 +449,73 @@ def test_neuron_device_bitwise(cls, kw, backend):
     assert ae.stats().optimizer_steps_compiled == 7
 
 
+def _device_step_peaks(cls, kw, ctx=None, steps: int = 8) -> tuple[list, list]:
+    """Per step, the neuron device's peak bytes above what it held before the step."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(256, 256), (256,), (512, 128), (1024,)] * 4
+    ps = [torch.randn(s, generator=gen).to("neuron").requires_grad_() for s in shapes]
+    grads = [torch.randn(s, generator=gen).to("neuron") for s in shapes]
+    opt = cls(ps, **kw)
+    peaks = []
+    if ctx is not None:
+        ctx.__enter__()
+    try:
+        for _ in range(steps):
+            for p, g in zip(ps, grads):
+                p.grad = g
+            torch.neuron.reset_peak_memory_stats()
+            base = torch.neuron.memory_allocated()
+            opt.step()
+            peaks.append(torch.neuron.max_memory_allocated() - base)
+    finally:
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+    return peaks, ps
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_step_adds_no_device_memory(backend):
+    """Issue 20 on the emulated neuron device: a compiled AdamW step writes params and
+    moments in place and holds no intermediate (0 bytes above what the device held),
+    where eager's foreach step holds one parameter-sized list; the first compiled call's
+    check runs on host copies, so it peaks at eager's. (Step 1, traced and then run by
+    eager's code in a capturing mode, is the window replay's: 2x eager's here, with
+    warm-up off.)"""
+    neuron_sim.enable()
+    kw = dict(lr=1e-3, weight_decay=0.01)
+    want, ref = _device_step_peaks(O.AdamW, kw)
+    ae.reset_stats()
+    got, out = _device_step_peaks(O.AdamW, kw, _runtime(device="neuron", backend=backend))
+    _equal(ref, out)
+    compiled = ae.stats().optimizer_steps_compiled
+    assert compiled == 5
+    nbytes = sum(p.numel() * p.element_size() for p in ref)
+    assert min(want[1:]) >= nbytes  # eager's foreach step: a list of intermediates
+    assert all(g <= w for g, w in zip(got[2:], want[2:])), (got, want)
+    assert got[-compiled:] == [0] * compiled, got
+
+
+def test_a_small_step_is_compiled_for_one_thread():
+    """Note [A small step's kernel runs on one thread]: tensors within ATen's grain size
+    (eager runs each op on the calling thread) give a one-thread kernel; a bigger tensor
+    leaves the program's thread count to the compile service."""
+    from adaptive_eager.dispatch.optim_compile import GRAIN_SIZE, STEPS, kernel_threads
+    from adaptive_eager.runtime.compile_worker import THREADS_META
+
+    assert kernel_threads([torch.zeros(GRAIN_SIZE), torch.zeros(3)]) == 1
+    assert kernel_threads([torch.zeros(GRAIN_SIZE + 1), torch.zeros(3)]) is None
+    for n, want in ((64, 1), (GRAIN_SIZE + 1, torch.get_num_threads())):
+        p = torch.nn.Parameter(torch.ones(n))
+        opt = O.SGD([p], lr=0.1, momentum=0.9)
+        with _runtime():
+            for _ in range(4):
+                p.grad = torch.ones(n)
+                opt.step()
+        assert ae.stats().optimizer_steps_compiled >= 1
+        entry = STEPS._known[opt][1]  # the optimizer's compiled trace
+        assert entry.program.gm.meta[THREADS_META] == want, n
+
+
 def test_inductor_within_compile_differences():
     """Inductor: the compiled step stays within float32 rounding of eager (as
     torch.compile(opt.step) does) and runs compiled."""

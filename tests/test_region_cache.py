@@ -183,3 +183,40 @@ def test_inductor_region_round_trip_across_processes(tmp_path):
     assert (int(compiled), int(from_disk), equal) == (1, 0, "True") and int(calls) >= 1
     compiled, from_disk, calls, equal = runs[1]
     assert (int(compiled), int(from_disk), equal) == (0, 1, "True") and int(calls) >= 1
+
+
+def _adamw_steps(n, runtime=True):
+    import contextlib
+
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in ((16, 8), (8,), (5, 3))]
+    opt = torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(1)
+    with ae.adaptive_eager(backend="pickled", async_compile=False) if runtime else contextlib.nullcontext():
+        for _ in range(n):
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+    return ps
+
+
+def test_compiled_optimizer_step_is_saved_and_loaded_by_the_next_process():
+    """Note [Compiled steps in the persistent cache]: the first process compiles the step
+    and saves it; the next loads it (no compile), checks its first call and runs it
+    compiled, bitwise equal to eager's step."""
+    eager = _adamw_steps(6, runtime=False)
+    first = _adamw_steps(6)
+    c = session.counters()
+    assert c.optimizer_steps_compiled == 3 and len(COMPILES) == 1
+    kinds = dict(c.optimizer_step_kinds)
+    assert kinds.get("AdamW|compiles") == 1 and "AdamW|loads from disk" not in kinds
+    _fresh_process_state()
+    second = _adamw_steps(6)
+    c = session.counters()
+    kinds = dict(c.optimizer_step_kinds)
+    assert COMPILES == [] and kinds.get("AdamW|loads from disk") == 1 and "AdamW|compiles" not in kinds
+    assert c.optimizer_steps_compiled == 3
+    assert "1 trace loaded from the disk cache" in ae.report()
+    for a, b, e in zip(first, second, eager):
+        assert torch.equal(a, e) and torch.equal(b, e)
+

@@ -29,6 +29,7 @@ STATS_FIELDS = (
     "cache_evictions",
     "compile_time_s",
     "compiles_in_flight",
+    "optimizer_step_kinds",  # dict "Class|what" -> count (what: "compiled steps", "eager: ...")
 )
 
 
@@ -146,7 +147,17 @@ def derive(s: Dict[str, Any], iters: Optional[int] = None) -> Dict[str, Any]:
         fused_share = fused / (fused + eager)
     else:
         fused_share = None
+    # A compiled optimizer step runs none of its ops through the mode: ops_fused does not
+    # count it, so the rows say separately which share of the steps ran compiled.
+    kinds = s.get("optimizer_step_kinds")
+    steps = compiled_steps = 0
+    for key, n in (kinds.items() if isinstance(kinds, dict) else ()):
+        what = key.partition("|")[2]
+        if _num(n) and (what == "compiled steps" or what.startswith("eager: ")):
+            steps += n
+            compiled_steps += n if what == "compiled steps" else 0
     d = {
+        "optimizer_steps_compiled_share": compiled_steps / steps if steps else None,
         "compiles": g("regions_compiled"),
         "cache_hit_rate": hits / (hits + misses) if hits is not None and misses is not None
                           and hits + misses > 0 else None,

@@ -69,6 +69,7 @@ def summarize(runs: Iterable[Dict[str, Any]], workload_order: Sequence[str] = ()
         row["adaptive_compiles"] = d.get("compiles")
         row["adaptive_cache_hit_rate"] = d.get("cache_hit_rate")
         row["adaptive_fused_share"] = d.get("fused_share")
+        row["adaptive_step_share"] = d.get("optimizer_steps_compiled_share")
         row["adaptive_timed"] = (a or {}).get("derived_timed")
         rows.append(row)
     return rows
@@ -119,6 +120,14 @@ def _steady_hit_rate(r: Dict[str, Any]) -> Optional[float]:
     return None if t else r.get("adaptive_cache_hit_rate")
 
 
+def _fused_cell(r: Dict[str, Any]) -> str:
+    """The share of ops run in compiled regions, and, for a program with an optimizer, the
+    share of its steps run as one compiled step (whose ops the first share never counts)."""
+    cell = fmt_pct(r.get("adaptive_fused_share"))
+    step = r.get("adaptive_step_share")
+    return cell if step is None else f"{cell} step {fmt_pct(step)}"
+
+
 def table_rows(rows: Sequence[Dict[str, Any]]) -> List[List[str]]:
     out = []
     for r in rows:
@@ -132,7 +141,7 @@ def table_rows(rows: Sequence[Dict[str, Any]]) -> List[List[str]]:
                     fmt_ratio(r.get("vs_compile")), _first_cell(r.get("eager")),
                     _first_cell(r.get("adaptive")), _first_cell(r.get("compile")),
                     _count(r.get("adaptive_compiles")), fmt_pct(_steady_hit_rate(r)),
-                    fmt_pct(r.get("adaptive_fused_share")), _peak_cell(r)])
+                    _fused_cell(r), _peak_cell(r)])
     return out
 
 
@@ -191,6 +200,8 @@ def format_notes(rows: Sequence[Dict[str, Any]], runs: Iterable[Dict[str, Any]] 
             parts.append(f"{t['compiles']} compiles while timed")
         if t.get("fused_share") is not None:
             parts.append(f"fused {100 * t['fused_share']:.0f}%")
+        if t.get("optimizer_steps_compiled_share") is not None:
+            parts.append(f"optimizer steps compiled {100 * t['optimizer_steps_compiled_share']:.0f}%")
         if r.get("adaptive_cache_hit_rate") is not None:
             parts.append(f"hit rate over the whole run {100 * r['adaptive_cache_hit_rate']:.0f}%")
         enter = (r.get("adaptive") or {}).get("enter_s")

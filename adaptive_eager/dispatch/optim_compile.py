@@ -30,8 +30,9 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..runtime.backends import is_debugging
-from ..runtime.cache import COMPILED, COMPILING, EAGER_ONLY, RegionEntry
+from ..runtime.cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from ..runtime.checks import clone_strided, close
+from ..runtime.compile_worker import THREADS_META
 from ..runtime.first_call import on_host
 from ..runtime.optim_fast import KnownStep
 from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
@@ -87,7 +88,7 @@ class Why:
 class _Entry:
     """One trace of a signature: its program and the compile service's entry."""
 
-    __slots__ = ("program", "region", "reason", "checked", "cls")
+    __slots__ = ("program", "region", "reason", "checked", "cls", "build")
 
     def __init__(self, cls: str, program: StepProgram | None, region: RegionEntry | None,
                  reason: str = ""):
@@ -96,6 +97,8 @@ class _Entry:
         self.region = region
         self.reason = reason
         self.checked = False
+        # (example inputs, kernel threads, exact) while a disk load may still need a compile
+        self.build: tuple | None = None
 
 
 def _unwrap(t: torch.Tensor) -> torch.Tensor | None:
@@ -195,6 +198,10 @@ class StepCompiler:
             known = (KnownStep(opt, got), entry, service)
             self._known[opt] = known
         region = entry.region
+        if entry.build is not None and region.state != COMPILING:
+            if region.state == COLD:  # a disk load that did not load: compile it
+                self._submit(entry, service, counters)
+            entry.build = None  # the example inputs are the program's tensors: let go
         if region.state == COMPILING:
             service.check_timeout(region)
         if region.state != COMPILED or region.fn is None:
@@ -302,30 +309,50 @@ class StepCompiler:
             table.setdefault(got.key, []).append(_Entry(cls, None, None, f"trace failed: {type(e).__name__}: {e}"))
             _note(counters, cls, f"eager: {Why.FAILED}: trace failed")
             return
-        region = RegionEntry(("optimizer", got.key, len(table.get(got.key) or ())), is_region=False)
+        # Note [Compiled steps in the persistent cache]
+        # The region key is spelled the same in every process (region_store.stable_text):
+        # the class by name, the rest of the signature (option names and values, tensor
+        # specs, state layout) and the traced graph's code, which fixes the artifact's
+        # calling convention (inputs, constants, lifted scalars); the store adds torch's
+        # version, the backend and the kernel's thread count. A trace whose artifact an
+        # earlier process saved loads it instead of compiling, and its first call is
+        # checked like a compiled one's (verify_compiled).
+        cls_name = f"{type(opt).__module__}.{type(opt).__qualname__}"
+        region = RegionEntry(("optimizer", cls_name, got.key[1:], len(table.get(got.key) or ()),
+                              program.gm.code), is_region=False)
         entry = _Entry(cls, program, region)
         table.setdefault(got.key, []).append(entry)
         _note(counters, cls, "signatures")
-        if not service.take_fuel():
-            service.fail(region, f"{R.COMPILE_FAILED}: out of fuel")
-            return
-        # Note [A seam for the persistent cache]
-        # The one place a compiled step could come from an earlier process: an artifact
-        # stored under a key made of ``program.gm.code``, the example inputs' specs and the
-        # backend (stable across processes; ``region.key`` holds live torch objects) would
-        # be loaded here and handed to transition(region, COMPILED, fn=...), and stored
-        # when the compile below finishes. Not built here (the persistent cache is its own
-        # work); until then each process compiles its steps once.
         steps = step_values(program, got.inputs) or []
         with _disable_current_modes():  # real example tensors (a pending handle: its specs)
             example = [_example(t) for t in got.inputs] + list(program.consts) + \
                 (program.scalars(got.hyper, steps) or [])
-        _note(counters, cls, "compiles")
-        exact = is_debugging(backend)
-        service.submit(region, lambda: (program.gm if exact else lerp_for_compiler(program.gm), example))
+        entry.build = (example, kernel_threads(got.inputs), is_debugging(backend))
+        if service.from_disk(region, entry.build[1]):
+            _note(counters, cls, "loads from disk")
+        if region.state == COLD:  # nothing saved, or an entry that did not load
+            self._submit(entry, service, counters)
         _note(counters, cls, "eager: " + (Why.COMPILING if region.state == COMPILING else
                                             f"{Why.FAILED}: {region.reason}" if region.state == EAGER_ONLY
                                             else "traced"))
+
+    def _submit(self, entry: _Entry, service: Any, counters: Any) -> None:
+        """Queue ``entry``'s compile (the build its trace left)."""
+        cls, program, region = entry.cls, entry.program, entry.region
+        example, threads, exact = entry.build
+        entry.build = None
+        if not service.take_fuel():
+            service.fail(region, f"{R.COMPILE_FAILED}: out of fuel")
+            return
+        _note(counters, cls, "compiles")
+
+        def build() -> tuple:
+            gm = program.gm if exact else lerp_for_compiler(program.gm)
+            if threads is not None:
+                gm.meta[THREADS_META] = threads
+            return gm, example
+
+        service.submit(region, build)
 
     def _run(self, opt: Any, mode: Any, entry: _Entry, got: Any, scalars: list, service: Any,
              counters: Any, cls: str) -> bool:
@@ -379,6 +406,25 @@ class StepCompiler:
             _note(counters, cls, f"eager: {Why.FAILED}: compiled call failed")
             return False
         return True
+
+
+# Note [A small step's kernel runs on one thread]
+# Inductor writes the step as one C++ kernel: an OpenMP parallel region around a loop per
+# tensor, each loop ending in a barrier (``omp for``, ``omp single``). Eager's ops split
+# work over threads only above ATen's grain size (32,768 elements): a step over small
+# tensors runs on the calling thread. With two threads, the barriers cost little on an
+# idle machine but a descheduled thread each on a busy one: SGD-momentum over the
+# benchmark's quick parameter set (40 tensors, 2,048 elements at most) took 23.5 ms a step
+# compiled against eager's 0.6 ms, and 1.7 ms compiled with one thread (load average
+# 5.7 on 2 cores). So a step whose tensors are all at most the grain size is compiled for
+# one thread, as eager would run each of its ops; a bigger one for the program's count.
+GRAIN_SIZE = 32768  # at::internal::GRAIN_SIZE
+
+
+def kernel_threads(inputs: list) -> int | None:
+    """1 when every tensor of the step is within ATen's grain size, else None (the
+    program's thread count); see Note [A small step's kernel runs on one thread]."""
+    return 1 if all(t.numel() <= GRAIN_SIZE for t in inputs) else None
 
 
 def _scalars(program: StepProgram, hyper: list, steps: list, mode: Any) -> list | None:

@@ -215,8 +215,9 @@ class CompileService:
             return
         threads = torch.get_num_threads()
         meta = getattr(gm, "meta", None)
-        if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels
-            meta[THREADS_META] = threads
+        if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels,
+            # unless the builder chose one (Note [A small step's kernel runs on one thread])
+            threads = meta.setdefault(THREADS_META, threads)
         if self.store is not None:
             if entry.disk_key is None:
                 entry.disk_key = self.store.key(entry.key, threads)
@@ -312,12 +313,13 @@ class CompileService:
     # runs on copies]). An entry that cannot be read or loaded (damaged, another torch) is
     # deleted and the region goes back to cold, to be compiled as usual; one that loads
     # but fails its checks is deleted too.
-    def from_disk(self, entry: RegionEntry) -> bool:
-        """Start loading ``entry``'s artifact from the disk cache; True if started."""
+    def from_disk(self, entry: RegionEntry, threads: int | None = None) -> bool:
+        """Start loading ``entry``'s artifact from the disk cache; True if started.
+        ``threads``: the thread count it was compiled for (default: the program's)."""
         if self.store is None or entry.disk_tried or entry.state != COLD:
             return False
         entry.disk_tried = True
-        key = entry.disk_key = self.store.key(entry.key, torch.get_num_threads())
+        key = entry.disk_key = self.store.key(entry.key, threads or torch.get_num_threads())
         if key is None or not os.path.exists(self.store.cache.entry_path(key)):
             return False
         if not self.take_fuel() or not transition(entry, COMPILING):
