@@ -160,3 +160,33 @@ def test_a_compiled_calls_stride_assertion_names_the_input_recorded_otherwise():
     entry = RegionEntry("k", compiled_for=(TensorSpec.of(ran),))
     assert _why(w, region, entry, [e], error) == \
         " [layout: input %1 (aten::expand): got strides (0, 1), compiled for (32, 1)]"
+
+
+def test_an_expanded_real_input_is_copied_for_the_first_compiled_call(caplog, monkeypatch):
+    # BERT's token_type_ids: a buffer expanded to the batch (stride 0) becomes a real
+    # tensor that a later region reads (its embedding's backward). The first compiled call
+    # runs on copies of the inputs; copying a stride-0 layout element by element raised
+    # "more than one element of the written-to tensor refers to a single memory location",
+    # and the whole window ran eagerly (issue 27, item 4).
+    from adaptive_eager import _logging
+
+    monkeypatch.setattr(_logging, "_WARNED", set())
+    caplog.set_level(logging.WARNING, logger="adaptive_eager")
+
+    def run():
+        e = torch.arange(4096.0)[None].expand(64, 4096)  # real, strides (0, 1)
+        w = torch.linspace(-1, 1, 64 * 4096).reshape(64, 4096)  # a window worth its capture
+        out = []
+        for _ in range(6):
+            w.mul_(0.5).add_(e.sin() * e)
+            out.append(w.sum().item())
+        return w, out
+
+    ref = run()
+    session.counters().reset()
+    with ae.adaptive_eager(**OPTS, warmup=False):
+        got = run()
+    assert not [r for r in caplog.records if "window failed" in r.getMessage()]
+    assert ae.stats().compiled_calls >= 2
+    torch.testing.assert_close(got[0], ref[0])
+    assert got[1] == ref[1]
