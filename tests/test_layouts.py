@@ -190,3 +190,48 @@ def test_an_expanded_real_input_is_copied_for_the_first_compiled_call(caplog, mo
     assert ae.stats().compiled_calls >= 2
     torch.testing.assert_close(got[0], ref[0])
     assert got[1] == ref[1]
+
+
+def _one_object_per_alias(gm, example_inputs):
+    """A backend that returns one object for outputs that alias each other with the same
+    layout, as Inductor does for a value and its ``detach``."""
+    def run(*args):
+        outs = list(gm(*args))
+        for i, o in enumerate(outs):
+            for p in outs[:i]:
+                if o.data_ptr() == p.data_ptr() and o.shape == p.shape and o.stride() == p.stride():
+                    outs[i] = p
+                    break
+        return tuple(outs)
+    return run
+
+
+def test_compiled_outputs_that_alias_stay_distinct_tensors_and_the_next_window_recurs():
+    # A window keeps a value and its detach alive, the next one reads both: eager hands it
+    # two tensors sharing memory. A backend that returns one object for both made the
+    # next window a new one from the first compiled step on (issue 27: Llama, T5).
+    from adaptive_eager.runtime import register_backend
+
+    register_backend("test_alias_plain", lambda gm, ex: gm, debugging=True)
+    register_backend("test_alias_one_object", _one_object_per_alias, debugging=True)
+
+    def run():
+        x = torch.linspace(-1, 1, 512 * 512).reshape(512, 512)
+        out = []
+        for _ in range(8):
+            y = (x * 1.5).exp()
+            z = y.detach()
+            out.append((y * 0.5).sum().item())
+            out.append((y * 2 + z).sum().item())
+        return out
+
+    ref = run()
+    fused = {}
+    for backend in ("test_alias_plain", "test_alias_one_object"):
+        session.clear_sessions()
+        session.counters().reset()
+        with ae.adaptive_eager(**{**OPTS, "backend": backend}, warmup=False):
+            assert run() == ref
+        fused[backend] = ae.stats().ops_fused
+    assert fused["test_alias_plain"] > 0
+    assert fused["test_alias_one_object"] == fused["test_alias_plain"], fused
