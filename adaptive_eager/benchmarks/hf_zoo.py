@@ -6,7 +6,9 @@ capture forced (``adaptive_passthrough=False``, ``warmup=False``) and synchronou
 compiles; ``--trainer`` runs ``transformers.Trainer`` on GPT-2 instead (needs accelerate).
 ``--backend decompositions`` is AOTAutograd with Inductor's decompositions and no code
 generation (Inductor's layouts in a fraction of its compile time), registered as a
-debugging backend (never demoted for speed). Issue 27.
+debugging backend (never demoted for speed). Beside the whole run's fused share it prints
+the later half's (``steps 5-8``): a window's first two sightings and its first compiled
+call run eagerly, so the first steps bound the whole run's share. Issue 27.
 
     python -m benchmarks.hf_zoo --models gpt2,llama,bert,t5 --backend inductor --attn eager
     python -m benchmarks.hf_zoo --trainer --backend inductor
