@@ -99,7 +99,8 @@ def partition(window: Window, groups: Mapping[int, int], support: SupportPolicy,
         if node.target in OFFSET_VIEWS and is_offset_view(node, window.inputs):
             reason: str | None = R.OFFSET_VIEW  # Note [View offsets are inputs]
         elif runs_eagerly(node, window.specs):
-            reason = R.STEP_FLOAT  # Note [A fused optimizer's learning rate is lifted, ...]
+            # Note [A fused optimizer's learning rate is lifted, and the op runs eagerly]
+            reason = R.STEP_FLOAT
         else:
             reason = support.unsupported(node, window.specs)
         uses = index_uses(node, window.specs) if reason is None else ()

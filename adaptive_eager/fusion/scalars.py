@@ -239,7 +239,8 @@ def _rules() -> dict[Any, LiftRule]:
     rules[aten.lerp.Scalar] = LiftRule(2, _replace_at(aten.lerp.Tensor, 2, True))
     rules[aten.lerp_.Scalar] = LiftRule(2, _replace_at(aten.lerp_.Tensor, 2, True))
     for op in (aten._fused_adam_.default, aten._fused_adamw_.default):
-        rules[op] = LiftRule("lr", None)  # Note [A fused optimizer's learning rate is lifted, ...]
+        # Note [A fused optimizer's learning rate is lifted, and the op runs eagerly]
+        rules[op] = LiftRule("lr", None)
     return rules
 
 
