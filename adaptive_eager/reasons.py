@@ -91,6 +91,7 @@ class R:
     ALIASED_INPUTS = "aliased_inputs"
     FACTORY = "factory"
     OFFSET_VIEW = "offset_view"
+    STEP_FLOAT = "step_float"
     UNSUPPORTED_BY_BACKEND = "unsupported_by_backend"
     NAN_PAYLOAD = "nan_payload"
     UNCHECKED_INDEX = "unchecked_index"
@@ -216,6 +217,11 @@ FALLBACK_ADVICE: dict[str, str] = {
                       "tensor it cannot rebuild from one of them (the reason names them: e.g. "
                       "overlapping slices, one written in place); it replays eagerly, results "
                       "unchanged (Note [Aliased inputs are rebuilt as views])",
+    "step_float": "a fused optimizer step (AdamW(fused=True), the Hugging Face Trainer's "
+                  "default) whose learning rate a schedule changes every step: it runs "
+                  "eagerly between the regions with each step's rate, so the rest of its "
+                  "window compiles once (Note [A fused optimizer's learning rate is lifted, "
+                  "and the op runs eagerly]); nothing to change",
     "offset_view": "a slice, narrow or select of a real tensor (a batch X[i:i + n] of a "
                    "dataset): it runs just before its region, which takes the view as an "
                    "input, so one compiled region serves every offset (Note [View offsets "

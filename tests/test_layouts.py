@@ -160,3 +160,78 @@ def test_a_compiled_calls_stride_assertion_names_the_input_recorded_otherwise():
     entry = RegionEntry("k", compiled_for=(TensorSpec.of(ran),))
     assert _why(w, region, entry, [e], error) == \
         " [layout: input %1 (aten::expand): got strides (0, 1), compiled for (32, 1)]"
+
+
+def test_an_expanded_real_input_is_copied_for_the_first_compiled_call(caplog, monkeypatch):
+    # BERT's token_type_ids: a buffer expanded to the batch (stride 0) becomes a real
+    # tensor that a later region reads (its embedding's backward). The first compiled call
+    # runs on copies of the inputs; copying a stride-0 layout element by element raised
+    # "more than one element of the written-to tensor refers to a single memory location",
+    # and the whole window ran eagerly (issue 27, item 4).
+    from adaptive_eager import _logging
+
+    monkeypatch.setattr(_logging, "_WARNED", set())
+    caplog.set_level(logging.WARNING, logger="adaptive_eager")
+
+    def run():
+        e = torch.arange(4096.0)[None].expand(64, 4096)  # real, strides (0, 1)
+        w = torch.linspace(-1, 1, 64 * 4096).reshape(64, 4096)  # a window worth its capture
+        out = []
+        for _ in range(6):
+            w.mul_(0.5).add_(e.sin() * e)
+            out.append(w.sum().item())
+        return w, out
+
+    ref = run()
+    session.counters().reset()
+    with ae.adaptive_eager(**OPTS, warmup=False):
+        got = run()
+    assert not [r for r in caplog.records if "window failed" in r.getMessage()]
+    assert ae.stats().compiled_calls >= 2
+    torch.testing.assert_close(got[0], ref[0])
+    assert got[1] == ref[1]
+
+
+def _one_object_per_alias(gm, example_inputs):
+    """A backend that returns one object for outputs that alias each other with the same
+    layout, as Inductor does for a value and its ``detach``."""
+    def run(*args):
+        outs = list(gm(*args))
+        for i, o in enumerate(outs):
+            for p in outs[:i]:
+                if o.data_ptr() == p.data_ptr() and o.shape == p.shape and o.stride() == p.stride():
+                    outs[i] = p
+                    break
+        return tuple(outs)
+    return run
+
+
+def test_compiled_outputs_that_alias_stay_distinct_tensors_and_the_next_window_recurs():
+    # A window keeps a value and its detach alive, the next one reads both: eager hands it
+    # two tensors sharing memory. A backend that returns one object for both made the
+    # next window a new one from the first compiled step on (issue 27: Llama, T5).
+    from adaptive_eager.runtime import register_backend
+
+    register_backend("test_alias_plain", lambda gm, ex: gm, debugging=True)
+    register_backend("test_alias_one_object", _one_object_per_alias, debugging=True)
+
+    def run():
+        x = torch.linspace(-1, 1, 512 * 512).reshape(512, 512)
+        out = []
+        for _ in range(8):
+            y = (x * 1.5).exp()
+            z = y.detach()
+            out.append((y * 0.5).sum().item())
+            out.append((y * 2 + z).sum().item())
+        return out
+
+    ref = run()
+    fused = {}
+    for backend in ("test_alias_plain", "test_alias_one_object"):
+        session.clear_sessions()
+        session.counters().reset()
+        with ae.adaptive_eager(**{**OPTS, "backend": backend}, warmup=False):
+            assert run() == ref
+        fused[backend] = ae.stats().ops_fused
+    assert fused["test_alias_plain"] > 0
+    assert fused["test_alias_one_object"] == fused["test_alias_plain"], fused

@@ -6,7 +6,9 @@ capture forced (``adaptive_passthrough=False``, ``warmup=False``) and synchronou
 compiles; ``--trainer`` runs ``transformers.Trainer`` on GPT-2 instead (needs accelerate).
 ``--backend decompositions`` is AOTAutograd with Inductor's decompositions and no code
 generation (Inductor's layouts in a fraction of its compile time), registered as a
-debugging backend (never demoted for speed). Issue 27.
+debugging backend (never demoted for speed). Beside the whole run's fused share it prints
+the later half's (``steps 5-8``): a window's first two sightings and its first compiled
+call run eagerly, so the first steps bound the whole run's share. Issue 27.
 
     python -m benchmarks.hf_zoo --models gpt2,llama,bert,t5 --backend inductor --attn eager
     python -m benchmarks.hf_zoo --trainer --backend inductor
@@ -59,7 +61,16 @@ def build(name: str, attn: str | None) -> torch.nn.Module:
     raise SystemExit(f"unknown model {name!r}")
 
 
-def train(name: str, args: argparse.Namespace) -> list[float]:
+def _ops() -> tuple[int, int]:
+    """(ops fused, ops run) so far: the runtime's counters (zeros when it is off)."""
+    from adaptive_eager import stats
+
+    s = stats()
+    return s.ops_fused, s.ops_fused + s.ops_eager
+
+
+def train(name: str, args: argparse.Namespace, marks: list | None = None) -> list[float]:
+    """The losses of ``args.steps`` AdamW steps; ``marks`` gets :func:`_ops` after each."""
     model = build(name, args.attn).eval()  # eval: no dropout, eager and capture agree
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
@@ -74,11 +85,18 @@ def train(name: str, args: argparse.Namespace) -> list[float]:
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if marks is not None:
+            marks.append(_ops())
     return losses
 
 
-def trainer(name: str, args: argparse.Namespace) -> list[float]:
+def trainer(name: str, args: argparse.Namespace, marks: list | None = None) -> list[float]:
     import transformers as T
+
+    class Marks(T.TrainerCallback):
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            if marks is not None:
+                marks.append(_ops())
 
     model = build("gpt2", args.attn)
     g = torch.Generator().manual_seed(1)
@@ -89,7 +107,7 @@ def trainer(name: str, args: argparse.Namespace) -> list[float]:
                                     per_device_train_batch_size=args.batch, report_to=[],
                                     save_strategy="no", use_cpu=True, seed=0,
                                     dataloader_num_workers=0, disable_tqdm=True, learning_rate=1e-3)
-        tr = T.Trainer(model=model, args=targs, train_dataset=data)
+        tr = T.Trainer(model=model, args=targs, train_dataset=data, callbacks=[Marks()])
         tr.train()
     return [h["loss"] for h in tr.state.log_history if "loss" in h]
 
@@ -114,6 +132,17 @@ def _decompositions_backend() -> str:
     return "decompositions"
 
 
+def _later(marks: list) -> str:
+    """The fused share of the later half of the steps (past the warm-up: a window's first
+    two sightings and its first compiled call run eagerly)."""
+    half = len(marks) // 2
+    if half == 0:
+        return "-"
+    (f0, n0), (f1, n1) = marks[half - 1], marks[-1]
+    share = f"{(f1 - f0) / (n1 - n0):.0%}" if n1 > n0 else "-"
+    return f"steps {half + 1}-{len(marks)}: {share}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="gpt2,llama,bert,t5,mistral,qwen2,bart")
@@ -135,14 +164,15 @@ def main() -> None:
         session.clear_sessions()
         ae.reset_stats()
         t0 = time.perf_counter()
+        marks: list = []
         with ae.adaptive_eager(backend=backend, async_compile=False, adaptive_passthrough=False,
                                warmup=False):
-            got = run(name, args)
+            got = run(name, args, marks)
         s = ae.stats()
         reasons = sorted({r for rs in s.fallback_reasons.values() for r in rs})
         diff = max(abs(a - b) for a, b in zip(got, ref))
         print(f"{name:15s} attn={args.attn} backend={args.backend} steps={args.steps} "
-              f"fused={s.fused_share:.0%} compile_failures={s.compile_failures} "
+              f"fused={s.fused_share:.0%} ({_later(marks)}) compile_failures={s.compile_failures} "
               f"max|loss-eager|={diff:.1e} {time.perf_counter() - t0:.0f}s fallbacks={reasons}",
               flush=True)
 

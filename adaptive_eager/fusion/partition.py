@@ -33,6 +33,7 @@ from .indices import IndexUse, entry_value, index_uses
 from .ir import OpNode, Window
 from .offsets import OFFSET_VIEWS, is_offset_view
 from .policy import CostModel, SupportPolicy, summarize
+from .scalars import runs_eagerly
 from .signature import region_key
 from ..reasons import R
 
@@ -97,6 +98,9 @@ def partition(window: Window, groups: Mapping[int, int], support: SupportPolicy,
     for i, node in enumerate(window.nodes):
         if node.target in OFFSET_VIEWS and is_offset_view(node, window.inputs):
             reason: str | None = R.OFFSET_VIEW  # Note [View offsets are inputs]
+        elif runs_eagerly(node, window.specs):
+            # Note [A fused optimizer's learning rate is lifted, and the op runs eagerly]
+            reason = R.STEP_FLOAT
         else:
             reason = support.unsupported(node, window.specs)
         uses = index_uses(node, window.specs) if reason is None else ()

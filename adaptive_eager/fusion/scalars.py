@@ -47,7 +47,10 @@ class LiftRule:
     """
 
     where: int | str
-    emit: Callable[[fx.Graph, Any, list, dict, fx.Node, torch.dtype], fx.Node]
+    # None: the float is lifted out of the window's key, but no graph can take it as an
+    # input, so the op runs eagerly with it (Note [A fused optimizer's learning rate is
+    # lifted, and the op runs eagerly]).
+    emit: Callable[[fx.Graph, Any, list, dict, fx.Node, torch.dtype], fx.Node] | None
     many: bool = False
     # The op is rewritten (a Scalar-typed argument cannot take a tensor): rounds as eager
     # only in float32/float64 (Note [Lifted scalars keep eager's rounding]).
@@ -181,6 +184,18 @@ def _foreach_lerp(list_overload: Any) -> Callable:
     return emit
 
 
+# Note [A fused optimizer's learning rate is lifted, and the op runs eagerly]
+# ``torch.optim.AdamW(fused=True)`` (the Hugging Face Trainer's default optimizer,
+# ``adamw_torch_fused``) is one op, ``_fused_adamw_(params, grads, ..., lr=<float>)``, and a
+# learning-rate schedule changes that float every step. Keyed by value, the window holding
+# it (the Trainer's last: the backward's tail, clipping and the step) was new at every
+# step and never planned (GPT-2 under the Trainer, 16 steps: steps 9-16 46% fused). The
+# ``tensor_lr`` overload would take lr as a graph input (its CPU kernel reads a float64
+# carrier bitwise as the float: measured over sizes 7-4099 and three rates), but it has
+# no meta kernel in torch 2.13, so AOTAutograd and Inductor cannot trace it. So the float
+# is lifted out of the window's key only: the op runs eagerly between the regions, with
+# this step's value (an eager replay reads the window's lifted floats), and the rest of
+# the window compiles once.
 def _foreach_rules(rules: dict[Any, LiftRule]) -> None:
     for packet in (aten._foreach_lerp, aten._foreach_lerp_):
         rules[packet.Scalar] = LiftRule(2, _foreach_lerp(packet.List))
@@ -223,6 +238,9 @@ def _rules() -> dict[Any, LiftRule]:
                                                             rewrite=True)
     rules[aten.lerp.Scalar] = LiftRule(2, _replace_at(aten.lerp.Tensor, 2, True))
     rules[aten.lerp_.Scalar] = LiftRule(2, _replace_at(aten.lerp_.Tensor, 2, True))
+    for op in (aten._fused_adam_.default, aten._fused_adamw_.default):
+        # Note [A fused optimizer's learning rate is lifted, and the op runs eagerly]
+        rules[op] = LiftRule("lr", None)
     return rules
 
 
@@ -257,6 +275,19 @@ def _liftable(value: Any, many: bool) -> bool:
     return type(value) in (list, tuple) and len(value) > 0 and all(type(v) is float for v in value)
 
 
+def runs_eagerly(node: OpNode, specs: dict[int, TensorSpec]) -> bool:
+    """Whether ``node``'s float is lifted but no graph can take it (Note [A fused
+    optimizer's learning rate is lifted, and the op runs eagerly]).
+
+    Example::
+
+        >>> runs_eagerly(OpNode(aten._fused_adamw_.default, (), (("lr", 1e-3),), ()), {})
+        True
+    """
+    rule = rules_for(node.target)[1]
+    return rule is not None and rule.emit is None and type(_get(node, rule.where)) is float
+
+
 def lift_rule(node: OpNode, specs: dict[int, TensorSpec]) -> LiftRule | None:
     """The rule that lifts a float out of ``node``, or None (the float, if any, is baked)."""
     _, rule, alpha = rules_for(node.target)
@@ -264,6 +295,8 @@ def lift_rule(node: OpNode, specs: dict[int, TensorSpec]) -> LiftRule | None:
         rule = alpha
         if rule is None or type(_get(node, "alpha")) is not float:
             return None
+    if rule.emit is None:
+        return rule  # the op runs eagerly, with the float as the program passed it
     dtype = lifted_dtype(node, specs)
     if dtype is None or not dtype.is_floating_point:
         return None
@@ -326,4 +359,4 @@ def strip(node: OpNode, rule: LiftRule) -> tuple[tuple, tuple]:
 
 
 __all__ = ["LiftRule", "LIFT_RULES", "rules_for", "lift_rule", "lifted_value", "lifted_dtype",
-           "lifted_shape", "scalar_dtype", "LIFTED", "strip"]
+           "lifted_shape", "scalar_dtype", "LIFTED", "strip", "runs_eagerly"]

@@ -193,7 +193,23 @@ def summaries_close(a: tuple, b: tuple, rtol: float = 1e-3) -> bool:
 
 def clone_strided(t: torch.Tensor, device: Any = None) -> torch.Tensor:
     """A copy with ``t``'s strides (clone() may make non-dense layouts contiguous), on
-    ``device`` (default: ``t``'s)."""
+    ``device`` (default: ``t``'s). A layout whose elements share memory (``expand``'s
+    stride 0) cannot be written element by element: the memory its elements span is
+    copied instead and viewed with its strides.
+
+    Example::
+
+        >>> t = torch.arange(4.0)[:, None].expand(4, 3)
+        >>> c = clone_strided(t)
+        >>> c.stride(), bool(c.equal(t)), c.data_ptr() != t.data_ptr()
+        ((1, 0), True, True)
+    """
+    if t.numel() > 1 and 0 in t.stride():
+        # the span, from the first element to the last one's offset (strides are >= 0)
+        span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+        flat = t.as_strided((span,), (1,))
+        flat = flat.to(device, copy=True) if device is not None else flat.clone()
+        return flat.as_strided(t.shape, t.stride())
     try:
         out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device or t.device)
     except RuntimeError:
