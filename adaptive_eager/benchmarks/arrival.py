@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 
 def _set_caches(root: str) -> None:
@@ -49,6 +50,38 @@ def _steps(job, n: int, record=None) -> list[tuple[float, float]]:  # noqa: ANN0
 
 def _ms(xs: list[float]) -> str:
     return f"{1e3 * statistics.median(xs):6.1f}" if xs else "     -"
+
+
+def _phases(rows: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+    """The steps after the first two, as (waiting for a compile, a region arriving, after)."""
+    waiting, arrival, after = [], [], []
+    for k, row in enumerate(rows):
+        before = rows[k - 1]["arrived"] if k else 0
+        if k < 2:
+            continue
+        if row["arrived"] > before:
+            arrival.append(row)
+        elif row["in_flight"]:
+            waiting.append(row)
+        elif row["arrived"]:
+            after.append(row)
+    return waiting, arrival, after
+
+
+def _print_regions(stats: Any, queued: list[float], first: dict | None, kids0: float | None,
+                   kids1: float | None) -> None:
+    if queued and first is not None:
+        print(f"  first region: queued at {queued[0]:.1f} s, ready by step {first['step']} "
+              f"at {first['t']:.1f} s ({first['t'] - queued[0]:.1f} s after queued); longest "
+              f"compile latency {stats.compile_latency_max_s:.1f} s")
+    elif first is not None:
+        print(f"  first region ready by step {first['step']} at {first['t']:.1f} s (from disk: "
+              f"{stats.regions_from_disk})")
+    else:
+        print(f"  no region arrived (compiles in flight at the end: {stats.compiles_in_flight})")
+    worker = "unknown" if kids0 is None or kids1 is None else f"{kids1 - kids0:.1f} s"
+    print(f"  regions compiled {stats.regions_compiled}, from disk {stats.regions_from_disk} "
+          f"(load {stats.disk_load_time_s:.2f} s); compile worker CPU {worker}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,17 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     stats = session.stats()
     for row, (w, c) in zip(rows, steps):
         row.update(wall=w, cpu=c)
-    waiting, arrival, after = [], [], []
-    for k, row in enumerate(rows):
-        before = rows[k - 1]["arrived"] if k else 0
-        if k < 2:
-            continue
-        if row["arrived"] > before:
-            arrival.append(row)
-        elif row["in_flight"]:
-            waiting.append(row)
-        elif row["arrived"]:
-            after.append(row)
+    waiting, arrival, after = _phases(rows)
     first = next((r for r in rows if r["arrived"]), None)
     print(f"arrival: {args.model}/{args.size}, {args.steps} adaptive steps, caches {root}, "
           f"torch threads {torch.get_num_threads()}, load average {load0:.1f} -> "
@@ -123,18 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in arrival:
         print(f"    arrival at step {r['step']}: {1e3 * r['wall']:.1f} ms wall "
               f"({1e3 * (r['wall'] - eager_wall):+.1f} over eager), {1e3 * r['cpu']:.1f} ms thread CPU")
-    if queued and first is not None:
-        print(f"  first region: queued at {queued[0]:.1f} s, ready by step {first['step']} "
-              f"at {first['t']:.1f} s ({first['t'] - queued[0]:.1f} s after queued); longest "
-              f"compile latency {stats.compile_latency_max_s:.1f} s")
-    elif first is not None:
-        print(f"  first region ready by step {first['step']} at {first['t']:.1f} s (from disk: "
-              f"{stats.regions_from_disk})")
-    else:
-        print(f"  no region arrived (compiles in flight at the end: {stats.compiles_in_flight})")
-    worker = "unknown" if kids0 is None or kids1 is None else f"{kids1 - kids0:.1f} s"
-    print(f"  regions compiled {stats.regions_compiled}, from disk {stats.regions_from_disk} "
-          f"(load {stats.disk_load_time_s:.2f} s); compile worker CPU {worker}")
+    _print_regions(stats, queued, first, kids0, kids1)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"eager": eager, "rows": rows}, f)

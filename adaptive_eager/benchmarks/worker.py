@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from adaptive_eager.benchmarks import memory as _memory  # /proc peak helpers (no torch import)
 
@@ -78,12 +78,89 @@ def _rss_mb() -> Optional[float]:
 SETTLE_QUIET = 5
 
 
+def _timed_loop(one: Callable[[], float], n_warm: int, n_iters: int, api: Any, settle_s: float,
+                wl: Any) -> tuple:
+    """Warm-up, settling (adaptive: until no compile has been in flight for SETTLE_QUIET
+    iterations, at most ``settle_s``), then the timed iterations; returns (warm-up times,
+    settling iterations, timed times, stats before, stats after)."""
+    warm_times: List[float] = []
+    extra_warm = 0
+    for _ in range(n_warm):
+        warm_times.append(one())
+    before = None
+    if api is not None:
+        # Let background compiles started during warmup land, so the timed
+        # loop measures the steady state (bounded by settle_s).
+        # A compile can also start a few iterations after warmup (a window is
+        # compiled on a later sighting than its first, or after the one before it
+        # lands), so settle until none has been in flight for SETTLE_QUIET
+        # consecutive iterations.
+        deadline = time.perf_counter() + settle_s
+        if n_warm:
+            quiet = 0
+            while quiet < SETTLE_QUIET and time.perf_counter() < deadline:
+                if (api.stats().get("compiles_in_flight") or 0) > 0:
+                    quiet = 0
+                else:
+                    quiet += 1
+                warm_times.append(one())
+                extra_warm += 1
+        before = api.stats()
+    if wl.on_timed_start:
+        wl.on_timed_start()
+    gc.collect()
+    times = [one() for _ in range(n_iters)]
+    after = api.stats() if api is not None else None
+    return warm_times, extra_warm, times, before, after
+
+
+def _record(res: Dict[str, Any], wl: Any, api: Any, mode: str, adaptive_options: Any, n_warm: int,
+            extra_warm: int, warm_times: List[float], times: List[float], before: Any, after: Any,
+            rss_start: Any) -> None:
+    """The run's figures into ``res`` (times, peak memory, the adaptive run's stats)."""
+    from adaptive_eager.benchmarks.adaptive_api import derive, diff_stats
+
+    all_times = warm_times + times
+    peak = _peak_rss()
+    if rss_start is not None and peak is not None:
+        res["peak_mib"] = (peak - rss_start) / 1024  # peak resident set above the run's start
+    res["first_iter_s"] = all_times[0] if all_times else None
+    res["warmup"] = n_warm
+    res["warmup_extra"] = extra_warm
+    res["warmup_times_s"] = warm_times
+    res["times_s"] = times
+    res.update(summarize_times(times))
+    res["time_s"] = res["total_s"] if wl.metric == "total" else res["median_s"]
+    res["time_stat"] = "total" if wl.metric == "total" else "median"
+    if api is not None:
+        res["adaptive_options"] = adaptive_options or {}
+        res["stats_total"] = after
+        res["stats_timed"] = diff_stats(after, before)
+        res["derived_total"] = derive(after, len(all_times))
+        res["derived_timed"] = derive(res["stats_timed"], len(times))
+    if mode == "compile":
+        try:
+            from torch._dynamo.utils import counters
+            res["dynamo"] = {"unique_graphs": counters["stats"].get("unique_graphs", 0),
+                             "calls_captured": counters["stats"].get("calls_captured", 0)}
+        except Exception:
+            pass
+    if wl.extra:
+        try:
+            res["extra"] = wl.extra()
+        except Exception as e:
+            res["extra"] = {"error": f"{type(e).__name__}: {e}"}
+    if wl.teardown:
+        wl.teardown()
+    res["peak_rss_mb"] = _rss_mb()
+
+
 def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Optional[int] = None,
             threads: int = 2, seed: int = 0, quick: bool = False,
             adaptive_options: Optional[Dict[str, Any]] = None, settle_s: float = 60.0,
             workload_options: Optional[Dict[str, Any]] = None, device: str = "cpu") -> Dict[str, Any]:
     from adaptive_eager.benchmarks import workloads as W
-    from adaptive_eager.benchmarks.adaptive_api import AdaptiveAPI, Unavailable as ApiUnavailable, derive, diff_stats
+    from adaptive_eager.benchmarks.adaptive_api import AdaptiveAPI, Unavailable as ApiUnavailable
 
     t_start = time.perf_counter()
     load_start = _loadavg()
@@ -134,37 +211,6 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
         sync()
         return time.perf_counter() - t
 
-    def body():
-        warm_times: List[float] = []
-        extra_warm = 0
-        for _ in range(n_warm):
-            warm_times.append(one())
-        before = None
-        if api is not None:
-            # Let background compiles started during warmup land, so the timed
-            # loop measures the steady state (bounded by settle_s).
-            # A compile can also start a few iterations after warmup (a window is
-            # compiled on a later sighting than its first, or after the one before it
-            # lands), so settle until none has been in flight for SETTLE_QUIET
-            # consecutive iterations.
-            deadline = time.perf_counter() + settle_s
-            if n_warm:
-                quiet = 0
-                while quiet < SETTLE_QUIET and time.perf_counter() < deadline:
-                    if (api.stats().get("compiles_in_flight") or 0) > 0:
-                        quiet = 0
-                    else:
-                        quiet += 1
-                    warm_times.append(one())
-                    extra_warm += 1
-            before = api.stats()
-        if wl.on_timed_start:
-            wl.on_timed_start()
-        gc.collect()
-        times = [one() for _ in range(n_iters)]
-        after = api.stats() if api is not None else None
-        return warm_times, extra_warm, times, before, after
-
     try:
         if api is not None:
             err = api.reset_stats()
@@ -180,48 +226,17 @@ def run_one(workload: str, mode: str, *, iters: Optional[int] = None, warmup: Op
                 # it imports torch._dynamo: Note [Import Dynamo before capture]),
                 # reported apart from the first iteration.
                 res["enter_s"] = time.perf_counter() - t_enter
-                warm_times, extra_warm, times, before, after = body()
+                warm_times, extra_warm, times, before, after = _timed_loop(one, n_warm, n_iters, api, settle_s, wl)
                 api.sync()
         else:
-            warm_times, extra_warm, times, before, after = body()
+            warm_times, extra_warm, times, before, after = _timed_loop(one, n_warm, n_iters, api, settle_s, wl)
     except Exception as e:
         res.update(status="error", message=f"{type(e).__name__}: {e}",
                    traceback=traceback.format_exc(limit=20))
         return res
 
-    all_times = warm_times + times
-    peak = _peak_rss()
-    if rss_start is not None and peak is not None:
-        res["peak_mib"] = (peak - rss_start) / 1024  # peak resident set above the run's start
-    res["first_iter_s"] = all_times[0] if all_times else None
-    res["warmup"] = n_warm
-    res["warmup_extra"] = extra_warm
-    res["warmup_times_s"] = warm_times
-    res["times_s"] = times
-    res.update(summarize_times(times))
-    res["time_s"] = res["total_s"] if wl.metric == "total" else res["median_s"]
-    res["time_stat"] = "total" if wl.metric == "total" else "median"
-    if api is not None:
-        res["adaptive_options"] = adaptive_options or {}
-        res["stats_total"] = after
-        res["stats_timed"] = diff_stats(after, before)
-        res["derived_total"] = derive(after, len(all_times))
-        res["derived_timed"] = derive(res["stats_timed"], len(times))
-    if mode == "compile":
-        try:
-            from torch._dynamo.utils import counters
-            res["dynamo"] = {"unique_graphs": counters["stats"].get("unique_graphs", 0),
-                             "calls_captured": counters["stats"].get("calls_captured", 0)}
-        except Exception:
-            pass
-    if wl.extra:
-        try:
-            res["extra"] = wl.extra()
-        except Exception as e:
-            res["extra"] = {"error": f"{type(e).__name__}: {e}"}
-    if wl.teardown:
-        wl.teardown()
-    res["peak_rss_mb"] = _rss_mb()
+    _record(res, wl, api, mode, adaptive_options, n_warm, extra_warm, warm_times, times,
+            before, after, rss_start)
     res["loadavg_start"], res["loadavg_end"] = load_start, _loadavg()
     return res
 

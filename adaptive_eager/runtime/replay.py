@@ -48,6 +48,80 @@ class Unsupported(Exception):
     """A node the generator does not handle: the step keeps run_nodes."""
 
 
+class _Emitter:
+    """The lines of one generated replay: loads from ``env``, calls, releases."""
+
+    def __init__(self, nodes: tuple[int, ...]) -> None:
+        self.ns: dict[str, Any] = {"NODES": nodes}
+        self.lines: list[str] = []
+        self.loaded: set[int] = set()
+        self.from_env: set[int] = set()
+        self.consts: dict[int, str] = {}
+
+    def const(self, v: Any) -> str:
+        name = self.consts.get(id(v))
+        if name is None:
+            name = self.consts[id(v)] = f"K{len(self.consts)}"
+            self.ns[name] = v
+        return name
+
+    def value(self, vid: int) -> str:
+        if vid not in self.loaded:
+            self.loaded.add(vid)
+            self.from_env.add(vid)
+            self.lines.append(f"        v{vid} = env[{vid}]")
+        return f"v{vid}"
+
+    def expr(self, a: Any) -> str:
+        t = type(a)
+        if t is ValueRef:
+            return self.value(a.id)
+        if (t is list or t is tuple) and any(type(b) in (ValueRef, list, tuple) for b in a):
+            inner = ", ".join(self.expr(b) for b in a)
+            return f"[{inner}]" if t is list else f"({inner},)"
+        if a is None or t is bool or t is int:
+            return repr(a)
+        return self.const(a)
+
+    def call(self, node: Any, slot: tuple[int, int | str] | None) -> str:
+        """The node's call, its lifted float (``slot``) read from ``F``."""
+        args = [self.expr(a) for a in node.args]
+        kwargs = [(k, self.expr(v)) for k, v in node.kwargs]
+        if slot is not None:
+            fi, where = slot
+            if isinstance(where, int):
+                args[where] = f"F[{fi}]"
+            else:
+                kwargs = [(k, f"F[{fi}]" if k == where else v) for k, v in kwargs]
+        plain = [f"{k}={v}" for k, v in kwargs if k.isidentifier() and not keyword.iskeyword(k)]
+        odd = [f"{k!r}: {v}" for k, v in kwargs if not (k.isidentifier() and not keyword.iskeyword(k))]
+        call_args = args + plain + ([f"**{{{', '.join(odd)}}}"] if odd else [])
+        return f"{self.const(node.target._op)}({', '.join(call_args)})"
+
+    def store(self, node: Any, call: str) -> None:
+        """``call``'s fresh outputs bound to their value names (mutated ones are not new)."""
+        outs, mutated = node.outputs, set(node.mutates)
+        fresh = [v for v in outs if v is not None and v not in mutated]
+        if not fresh:
+            self.lines.append(f"        {call}")
+        elif len(outs) == 1:
+            self.lines.append(f"        v{outs[0]} = {call}")
+        else:
+            self.lines.append(f"        r = {call}")
+            self.lines += [f"        v{vid} = r[{j}]" for j, vid in enumerate(outs)
+                           if vid is not None and vid not in mutated]
+            self.lines.append("        del r")
+        self.loaded.update(fresh)
+
+    def release(self, vids: tuple[int, ...], outputs: tuple[int, ...]) -> None:
+        for vid in vids:
+            if vid in self.loaded and vid not in outputs:
+                self.loaded.discard(vid)
+                self.lines.append(f"        del v{vid}")
+                if vid in self.from_env:
+                    self.lines.append(f"        env.pop({vid}, None)")
+
+
 def generate(window: Window, nodes: tuple[int, ...], outputs: tuple[int, ...],
              lifted: Mapping[int, tuple[int, int | str]],
              release: Mapping[int, tuple[int, ...]] = _NONE) -> Callable[[dict, list, Any], None]:
@@ -58,78 +132,16 @@ def generate(window: Window, nodes: tuple[int, ...], outputs: tuple[int, ...],
     -> the value ids dropped (from the locals and ``env``) right after it (Note [Replay
     frees at last use], fusion/liveness.py). Raises Unsupported.
     """
-    ns: dict[str, Any] = {"NODES": nodes}
-    lines: list[str] = []
-    loaded: set[int] = set()
-    from_env: set[int] = set()
-    consts: dict[int, str] = {}
-
-    def const(v: Any) -> str:
-        name = consts.get(id(v))
-        if name is None:
-            name = consts[id(v)] = f"K{len(consts)}"
-            ns[name] = v
-        return name
-
-    def value(vid: int) -> str:
-        if vid not in loaded:
-            loaded.add(vid)
-            from_env.add(vid)
-            lines.append(f"        v{vid} = env[{vid}]")
-        return f"v{vid}"
-
-    def expr(a: Any) -> str:
-        t = type(a)
-        if t is ValueRef:
-            return value(a.id)
-        if (t is list or t is tuple) and any(type(b) in (ValueRef, list, tuple) for b in a):
-            inner = ", ".join(expr(b) for b in a)
-            return f"[{inner}]" if t is list else f"({inner},)"
-        if a is None or t is bool or t is int:
-            return repr(a)
-        return const(a)
-
+    em = _Emitter(nodes)
     for n, i in enumerate(nodes):
         node = window.nodes[i]
-        target = node.target
-        if type(target) is not _OpOverload:
-            raise Unsupported(f"target {target!r}")
-        slot = lifted.get(i)
-        lines.append(f"        n = {n}")  # before its loads: a failure is this node's
-        args = [expr(a) for a in node.args]
-        kwargs = [(k, expr(v)) for k, v in node.kwargs]
-        if slot is not None:
-            fi, where = slot
-            if isinstance(where, int):
-                args[where] = f"F[{fi}]"
-            else:
-                kwargs = [(k, f"F[{fi}]" if k == where else v) for k, v in kwargs]
-        plain = [f"{k}={v}" for k, v in kwargs if k.isidentifier() and not keyword.iskeyword(k)]
-        odd = [f"{k!r}: {v}" for k, v in kwargs if not (k.isidentifier() and not keyword.iskeyword(k))]
-        call_args = args + plain + ([f"**{{{', '.join(odd)}}}"] if odd else [])
-        call = f"{const(target._op)}({', '.join(call_args)})"
-        outs = node.outputs
-        mutated = set(node.mutates)
-        fresh = [v for v in outs if v is not None and v not in mutated]
-        if not fresh:
-            lines.append(f"        {call}")
-        elif len(outs) == 1:
-            lines.append(f"        v{outs[0]} = {call}")
-        else:
-            lines.append(f"        r = {call}")
-            for j, vid in enumerate(outs):
-                if vid is not None and vid not in mutated:
-                    lines.append(f"        v{vid} = r[{j}]")
-            lines.append("        del r")
-        loaded.update(fresh)
-        for vid in release.get(i, ()):
-            if vid in loaded and vid not in outputs:
-                loaded.discard(vid)
-                lines.append(f"        del v{vid}")
-                if vid in from_env:
-                    lines.append(f"        env.pop({vid}, None)")
+        if type(node.target) is not _OpOverload:
+            raise Unsupported(f"target {node.target!r}")
+        em.lines.append(f"        n = {n}")  # before its loads: a failure is this node's
+        em.store(node, em.call(node, lifted.get(i)))
+        em.release(release.get(i, ()), outputs)
     body = ["def replay(env, F, progress):", "    n = 0", "    try:"]
-    body += lines or ["        pass"]
+    body += em.lines or ["        pass"]
     body += [
         "    except BaseException:",
         "        progress.done.extend(NODES[:n])",
@@ -138,7 +150,8 @@ def generate(window: Window, nodes: tuple[int, ...], outputs: tuple[int, ...],
         "        raise",
         "    progress.done.extend(NODES)",
     ]
-    body += [f"    env[{vid}] = v{vid}" for vid in outputs if vid in loaded]
+    body += [f"    env[{vid}] = v{vid}" for vid in outputs if vid in em.loaded]
+    ns = em.ns
     ns["_spill"] = _spill
     src = "\n".join(body)
     code = compile(src, f"<adaptive_eager replay of {len(nodes)} nodes>", "exec")
