@@ -305,6 +305,12 @@ _SPECS: dict[str, _Spec] = {
         "run a qualifying torch.optim step as one compiled function over params, grads, "
         "state and 0-d hyperparameters, captured or parked (off: the step runs as before)",
     ),
+    "optimizer_step_after_ms": _Spec(
+        100.0, _float_parser(0.0),
+        "an optimizer's steps run eagerly until they have cost this much (ms of the program "
+        "thread's CPU) before its step is traced and compiled: a step cheaper over the whole "
+        "run cannot repay the compile (0: from its second step)",
+    ),
     "report": _Spec("", _parse_str, "print the report at exit: '' (off), 1/stderr, or a file "
                     "path (JSON when it ends in .json)"),
     "strict": _Spec(
@@ -345,6 +351,7 @@ class Options:
     warmup: bool = _SPECS["warmup"].default
     fast_path: bool = _SPECS["fast_path"].default
     optimizer_step: bool = _SPECS["optimizer_step"].default
+    optimizer_step_after_ms: float = _SPECS["optimizer_step_after_ms"].default
     report: str = _SPECS["report"].default
     strict: bool = _SPECS["strict"].default
 

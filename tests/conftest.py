@@ -16,6 +16,10 @@ os.environ["ADAPTIVE_EAGER_WARMUP"] = "0"
 # suite's programs are CPU programs unless a test says otherwise, as on a machine without
 # an accelerator. tests/test_devices.py checks "auto" itself.
 os.environ["ADAPTIVE_EAGER_DEVICE"] = "cpu"
+# The suite's training loops are a few steps long, and its tests of the compiled optimizer
+# step check it from its second step: the compile threshold is off (Note [A step compiles
+# once it has cost enough]); tests/test_optim_compile.py checks the default.
+os.environ["ADAPTIVE_EAGER_OPTIMIZER_STEP_AFTER_MS"] = "0"
 
 
 @pytest.fixture(autouse=True)

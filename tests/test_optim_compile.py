@@ -527,3 +527,44 @@ def test_inductor_within_compile_differences():
     s = ae.stats()
     assert s.optimizer_steps_compiled == 7
     assert _kinds(O.AdamW).get("compiles") == 1
+
+
+# -- Note [A step compiles once it has cost enough] ----------------------------------------
+def _adamw_loop(params: list, steps: int, **options) -> tuple[list, dict]:
+    opt = O.AdamW(params, lr=1e-3, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(3)
+    ae.reset_stats()
+    with _runtime(**options):
+        for _ in range(steps):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+    return [p.detach().clone() for p in params], _kinds(O.AdamW)
+
+
+def test_a_cheap_step_is_never_traced_and_equals_eager():
+    """Steps that cost less than the threshold over the whole run run eagerly, and no
+    trace is made (the program never pays for a compile it cannot earn back)."""
+    ps = _params()
+    ref = [p.detach().clone() for p in ps]
+    ref_opt = O.AdamW(ref, lr=1e-3, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(12):
+        for p in ref:
+            p.grad = torch.randn(p.shape, generator=gen)
+        ref_opt.step()
+    got, kinds = _adamw_loop(ps, 12, optimizer_step_after_ms=60_000)
+    assert kinds.get("eager: cheaper so far than a compile (optimizer_step_after_ms)") == 12, kinds
+    assert "signatures" not in kinds and ae.stats().optimizer_steps_compiled == 0, kinds
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+
+
+def test_a_step_compiles_once_its_eager_steps_have_cost_the_threshold():
+    """With a threshold of a few ms and a step that costs ~1 ms, the first steps run
+    eagerly (timed), then the step is traced and compiled."""
+    ps = [torch.randn(1 << 18, requires_grad=True) for _ in range(4)]
+    _, kinds = _adamw_loop(ps, 40, optimizer_step_after_ms=3)
+    cheap = kinds.get("eager: cheaper so far than a compile (optimizer_step_after_ms)", 0)
+    assert 1 <= cheap < 40 and kinds.get("signatures") == 1, kinds
+    assert ae.stats().optimizer_steps_compiled > 0, kinds
+

@@ -172,17 +172,21 @@ _INDUCTOR_RUN = textwrap.dedent("""
 
 @pytest.mark.inductor
 def test_inductor_region_round_trip_across_processes(tmp_path):
-    env = dict(os.environ, ADAPTIVE_EAGER_CACHE_DIR=str(tmp_path / "regions"))
+    # The report goes to stderr, so that a failure says what the runtime did (this test
+    # failed twice in the full suite, 1 compiled region expected and 0 made, and passed
+    # alone: the cause is not known yet)
+    env = dict(os.environ, ADAPTIVE_EAGER_CACHE_DIR=str(tmp_path / "regions"),
+               ADAPTIVE_EAGER_REPORT="stderr")
     runs = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", _INDUCTOR_RUN], env=env, capture_output=True,
                              text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
-        runs.append(out.stdout.split())
-    compiled, from_disk, calls, equal = runs[0]
-    assert (int(compiled), int(from_disk), equal) == (1, 0, "True") and int(calls) >= 1
-    compiled, from_disk, calls, equal = runs[1]
-    assert (int(compiled), int(from_disk), equal) == (0, 1, "True") and int(calls) >= 1
+        runs.append((out.stdout.split(), out.stderr[-4000:]))
+    (compiled, from_disk, calls, equal), report = runs[0]
+    assert (int(compiled), int(from_disk), equal) == (1, 0, "True") and int(calls) >= 1, report
+    (compiled, from_disk, calls, equal), report = runs[1]
+    assert (int(compiled), int(from_disk), equal) == (0, 1, "True") and int(calls) >= 1, report
 
 
 def _adamw_steps(n, runtime=True):
