@@ -51,7 +51,7 @@ Example::
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -139,6 +139,22 @@ def _on_copies(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict
     return False
 
 
+def _first_outputs(ex: Any, window: Window, step: Any, entry: RegionEntry, args: list, call: list,
+                   keep: Callable[[torch.Tensor], Any]) -> tuple:
+    """The first compiled call on ``call`` (``args``, or copies of them): (outputs, problem,
+    what ``keep`` keeps of each output and of each input the step writes, to compare with
+    eager's; both None unless ``verify_compiled`` and the outputs matched their specs)."""
+    region = step.region
+    kept = kept_written = None
+    outs, problem = _call(entry, call, lambda e: layout_why(window, region, entry, args, e))
+    if problem is None:
+        problem = outputs_match(window, region, outs, None, None, None)
+        if problem is None and ex.options.verify_compiled:
+            kept = [keep(o) for o in outs]
+            kept_written = [keep(call[j]) for j in step.mutated]
+    return outs, problem, kept, kept_written
+
+
 def _lean(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
           args: list, floats: list) -> bool:
     region = step.region
@@ -146,13 +162,7 @@ def _lean(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
     hashes = {j: bits_hash(a) for j, a in enumerate(args)
               if j not in written and isinstance(a, torch.Tensor)}
     call = [clone_strided(a) if j in written else a for j, a in enumerate(args)]
-    sums = sums_written = None
-    outs, problem = _call(entry, call, lambda e: layout_why(window, region, entry, args, e))
-    if problem is None:
-        problem = outputs_match(window, region, outs, None, None, None)
-        if problem is None and ex.options.verify_compiled:
-            sums = [summary(o) for o in outs]
-            sums_written = [summary(call[j]) for j in step.mutated]
+    outs, problem, sums, sums_written = _first_outputs(ex, window, step, entry, args, call, summary)
     # Note [A large region's checked results are kept]
     keep = problem is None and not ex.options.verify_compiled and not region.mutated \
         and not step.mutated and not aliases_any(outs, call)
@@ -186,13 +196,7 @@ def _via_host(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
     tensors = [j for j, a in enumerate(args) if isinstance(a, torch.Tensor)]
     saved = {j: on_host(args[j]) for j in tensors}
     versions = {j: args[j]._version for j in tensors if not args[j].is_inference()}
-    got = got_written = None
-    outs, problem = _call(entry, args, lambda e: layout_why(window, region, entry, args, e))
-    if problem is None:
-        problem = outputs_match(window, region, outs, None, None, None)
-        if problem is None and ex.options.verify_compiled:
-            got = [on_host(o) for o in outs]
-            got_written = [on_host(args[j]) for j in step.mutated]
+    outs, problem, got, got_written = _first_outputs(ex, window, step, entry, args, args, on_host)
     del outs
     written = set(step.mutated)
     changed = [j for j in tensors if j not in written and not same_bits(on_host(args[j]), saved[j])]
