@@ -4,6 +4,7 @@ as one region, and the program's choices and optimizer API left intact."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -43,9 +44,7 @@ def _train(cls, kw, steps: int, foreach, ctx=None, dtype=torch.float32, none_eve
     opt = cls(ps, foreach=foreach, **kw)
     sched = O.lr_scheduler.LambdaLR(opt, lambda s: 0.5 + 0.5 * (s % 7) / 7)
     gen = torch.Generator().manual_seed(1)
-    if ctx is not None:
-        ctx.__enter__()
-    try:
+    with ctx if ctx is not None else contextlib.nullcontext():
         for s in range(steps):
             for i, p in enumerate(ps):
                 skip = none_every and (i + s) % none_every == 0
@@ -54,9 +53,6 @@ def _train(cls, kw, steps: int, foreach, ctx=None, dtype=torch.float32, none_eve
             sched.step()
             if misses is not None:
                 misses.append(ae.stats().meta_misses)
-    finally:
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
     return ps, opt
 
 
@@ -203,9 +199,7 @@ def test_state_dict_round_trip_schedulers_hooks_and_new_groups():
         sched = O.lr_scheduler.StepLR(opt, 2, gamma=0.5)
         seen = []
         opt.register_step_pre_hook(lambda o, a, k: seen.append(len(o.param_groups)))
-        if ctx is not None:
-            ctx.__enter__()
-        try:
+        with ctx if ctx is not None else contextlib.nullcontext():
             for s in range(8):
                 if s == 4:
                     opt.add_param_group({"params": extra.parameters(), "lr": 1e-3})
@@ -225,9 +219,6 @@ def test_state_dict_round_trip_schedulers_hooks_and_new_groups():
             fresh.zero_grad()
             extra(model(x)).pow(2).mean().backward()
             fresh.step()
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
         return [p.detach().clone() for p in (*model.parameters(), *extra.parameters())], saved, seen
 
     ref, saved_ref, seen_ref = train(None)

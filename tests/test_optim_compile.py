@@ -6,6 +6,7 @@ hand-edited groups); closures, subclasses and unsupported options stay eager."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -58,9 +59,7 @@ def _run(cls, kw, steps: int, ctx=None, device: str = "cpu", none_every: int = 0
     opt = cls(ps, **kw)
     sched = O.lr_scheduler.LambdaLR(opt, lambda s: 0.5 + 0.5 * (s % 7) / 7) if schedule else None
     gen = torch.Generator().manual_seed(1)
-    if ctx is not None:
-        ctx.__enter__()
-    try:
+    with ctx if ctx is not None else contextlib.nullcontext():
         for s in range(steps):
             for i, p in enumerate(ps):
                 skip = none_every and (i + s) % none_every == 0
@@ -71,9 +70,6 @@ def _run(cls, kw, steps: int, ctx=None, device: str = "cpu", none_every: int = 0
             opt.step()
             if sched is not None:
                 sched.step()
-    finally:
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
     return ps, opt
 
 
@@ -133,18 +129,13 @@ def test_300_step_cosine_schedule_compiles_once(cls, kw):
         opt = cls(m.parameters(), **kw)
         sched = O.lr_scheduler.CosineAnnealingLR(opt, 300)
         x, y = torch.randn(32, 8), torch.randn(32, 1)
-        if ctx is not None:
-            ctx.__enter__()
-        try:
+        with ctx if ctx is not None else contextlib.nullcontext():
             for _ in range(300):
                 opt.zero_grad(set_to_none=True)
                 loss = ((m(x) - y) ** 2).mean()
                 loss.backward()
                 opt.step()
                 sched.step()
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
         return list(m.parameters())
 
     ref = train(None)
@@ -164,16 +155,11 @@ def test_captured_program_flushes_then_runs_the_compiled_step():
         m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
         opt = O.AdamW(m.parameters(), lr=1e-2)
         x, y = torch.randn(32, 8), torch.randn(32, 1)
-        if ctx is not None:
-            ctx.__enter__()
-        try:
+        with ctx if ctx is not None else contextlib.nullcontext():
             for _ in range(10):
                 opt.zero_grad()
                 ((m(x) - y) ** 2).mean().backward()
                 opt.step()
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
         return list(m.parameters())
 
     ref = train(None)
@@ -204,16 +190,11 @@ def test_hooks_fire_and_a_pre_hook_sets_lr():
         opt = O.Adam(ps, lr=1e-3)
         calls: list = []
         edit_hooks(opt, calls)
-        if ctx is not None:
-            ctx.__enter__()
-        try:
+        with ctx if ctx is not None else contextlib.nullcontext():
             for s in range(8):
                 for p in ps:
                     p.grad = torch.full_like(p, 0.1 * (s + 1))
                 opt.step()
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
         results.append((ps, calls))
     _equal(results[0][0], results[1][0])
     assert results[0][1] == results[1][1]
@@ -268,9 +249,7 @@ def test_state_dict_round_trip_mid_run():
         ps = _params()
         opt = O.AdamW(ps, lr=1e-3)
         gen = torch.Generator().manual_seed(2)
-        if ctx is not None:
-            ctx.__enter__()
-        try:
+        with ctx if ctx is not None else contextlib.nullcontext():
             for s in range(12):
                 for p in ps:
                     p.grad = torch.randn(p.shape, generator=gen)
@@ -279,9 +258,6 @@ def test_state_dict_round_trip_mid_run():
                     sd = copy.deepcopy(opt.state_dict())
                     opt = O.AdamW(ps, lr=1e-3)
                     opt.load_state_dict(sd)
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
         return ps, opt
 
     ref, oref = run(None)
@@ -321,9 +297,7 @@ def test_grad_scaler_skips_inf_steps():
         opt = O.Adam(m.parameters(), lr=1e-3)
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
         x = torch.randn(16, 8)
-        if ctx is not None:
-            ctx.__enter__()
-        try:
+        with ctx if ctx is not None else contextlib.nullcontext():
             for s in range(12):
                 opt.zero_grad()
                 scaler.scale(m(x).square().mean()).backward()
@@ -331,9 +305,6 @@ def test_grad_scaler_skips_inf_steps():
                     m.weight.grad[0, 0] = float("inf")
                 scaler.step(opt)
                 scaler.update()
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
         return list(m.parameters()), opt, scaler.get_scale()
 
     ref, oref, sr = run(None)
@@ -358,14 +329,9 @@ def test_lbfgs_stays_eager_and_bitwise():
             loss.backward()
             return loss
 
-        if ctx is not None:
-            ctx.__enter__()
-        try:
+        with ctx if ctx is not None else contextlib.nullcontext():
             for _ in range(4):
                 opt.step(closure)
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
         return [w]
 
     ref = run(None)
@@ -457,9 +423,7 @@ def _device_step_peaks(cls, kw, ctx=None, steps: int = 8) -> tuple[list, list]:
     grads = [torch.randn(s, generator=gen).to("neuron") for s in shapes]
     opt = cls(ps, **kw)
     peaks = []
-    if ctx is not None:
-        ctx.__enter__()
-    try:
+    with ctx if ctx is not None else contextlib.nullcontext():
         for _ in range(steps):
             for p, g in zip(ps, grads):
                 p.grad = g
@@ -467,9 +431,6 @@ def _device_step_peaks(cls, kw, ctx=None, steps: int = 8) -> tuple[list, list]:
             base = torch.neuron.memory_allocated()
             opt.step()
             peaks.append(torch.neuron.max_memory_allocated() - base)
-    finally:
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
     return peaks, ps
 
 
