@@ -126,3 +126,26 @@ def decomposing(gm: Any, example_inputs: list) -> Callable[..., Any]:
 
 
 decomposing.decompositions = inductor_table  # type: ignore[attr-defined]
+
+
+def assert_optimizer_states_equal(a: Any, b: Any, exact: bool = True, groups: bool = True) -> None:
+    """Two optimizers' ``state_dict()`` agree: groups (unless ``groups=False``) and every
+    state value, tensors bit for bit (compared on the CPU) or, with ``exact=False``,
+    floating tensors within 1e-6 of the largest value."""
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    if groups:
+        assert sa["param_groups"] == sb["param_groups"]
+    assert sa["state"].keys() == sb["state"].keys()
+    for k in sa["state"]:
+        for name, v in sa["state"][k].items():
+            w = sb["state"][k][name]
+            if isinstance(v, torch.Tensor):
+                v, w = v.cpu(), w.cpu()
+                if exact or not v.is_floating_point():
+                    torch.testing.assert_close(w, v, rtol=0, atol=0)
+                else:
+                    assert (w - v).abs().max() <= 1e-6 * v.abs().max().clamp_min(1e-30), name
+            else:
+                assert v == w

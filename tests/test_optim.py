@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import adaptive_eager as ae
+from helpers import assert_optimizer_states_equal
 from adaptive_eager.dispatch.optim import FOREACH_EQUAL
 
 O = torch.optim
@@ -56,23 +57,6 @@ def _train(cls, kw, steps: int, foreach, ctx=None, dtype=torch.float32, none_eve
     return ps, opt
 
 
-def _state_equal(a: O.Optimizer, b: O.Optimizer, exact: bool = True, groups: bool = True) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    if groups:
-        assert sa["param_groups"] == sb["param_groups"]
-    assert sa["state"].keys() == sb["state"].keys()
-    for k in sa["state"]:
-        for name, v in sa["state"][k].items():
-            w = sb["state"][k][name]
-            if isinstance(v, torch.Tensor):
-                if exact or not v.is_floating_point():
-                    torch.testing.assert_close(w, v, rtol=0, atol=0)
-                else:
-                    assert (w - v).abs().max() <= 1e-6 * v.abs().max().clamp_min(1e-30), name
-            else:
-                assert v == w
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("cls,kw", CASES, ids=_IDS)
 def test_torch_foreach_path_is_bitwise_the_single_tensor_path(cls, kw, dtype):
@@ -82,7 +66,7 @@ def test_torch_foreach_path_is_bitwise_the_single_tensor_path(cls, kw, dtype):
     b, ob = _train(cls, kw, 30, True, dtype=dtype, none_every=5)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
-    _state_equal(oa, ob, groups=False)  # their foreach flags differ, by construction
+    assert_optimizer_states_equal(oa, ob, groups=False)  # their foreach flags differ, by construction
 
 
 def _runtime(**kw):
@@ -104,7 +88,7 @@ def test_steps_run_at_foreach_level_and_equal_eager_when_replayed(cls, kw):
     assert ae.stats().optimizer_steps_foreach == 12
     for x, y in zip(ref, out):
         assert torch.equal(x, y)
-    _state_equal(oref, oout)
+    assert_optimizer_states_equal(oref, oout)
     assert all(g["foreach"] is None for g in oout.param_groups)
 
 
@@ -119,7 +103,7 @@ def test_compiled_foreach_steps_within_rounding_of_eager(cls, kw):
     s = ae.stats()
     for x, y in zip(ref, out):  # relative to each tensor's scale (entries near 0 included)
         assert (y - x).abs().max() <= 1e-6 * x.abs().max(), (y - x).abs().max()
-    _state_equal(oref, oout, exact=False)
+    assert_optimizer_states_equal(oref, oout, exact=False)
     assert s.compile_failures == 0
     # the step's ops are keyed once (the first steps make the state), not once per lr value
     assert misses[10] == misses[-1], misses

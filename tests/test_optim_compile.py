@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import adaptive_eager as ae
+from helpers import assert_optimizer_states_equal
 from adaptive_eager import neuron_sim
 from adaptive_eager.dispatch.optim_compile import CANDIDATES
 
@@ -78,19 +79,6 @@ def _equal(a: list, b: list) -> None:
         assert torch.equal(x.detach().cpu(), y.detach().cpu()), (x - y).abs().max()
 
 
-def _state_equal(a, b) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa["param_groups"] == sb["param_groups"]
-    assert sa["state"].keys() == sb["state"].keys()
-    for k in sa["state"]:
-        for name, v in sa["state"][k].items():
-            w = sb["state"][k][name]
-            if isinstance(v, torch.Tensor):
-                assert torch.equal(v.cpu(), w.cpu()), (k, name)
-            else:
-                assert v == w
-
-
 def test_every_candidate_is_a_foreach_equal_class():
     assert {O.Adam, O.AdamW, O.SGD, O.RMSprop, O.Adagrad} <= CANDIDATES
 
@@ -106,7 +94,7 @@ def test_compiled_step_is_bitwise_eager(cls, kw, backend):
     ae.reset_stats()
     out, oout = _run(cls, kw, 12, ctx=_runtime(backend=backend))
     _equal(ref, out)
-    _state_equal(oref, oout)
+    assert_optimizer_states_equal(oref, oout)
     k = _kinds(cls)
     assert k.get("compiles") == 1, k
     # no state to create on the first step: plain SGD has none, Adagrad makes it in __init__
@@ -239,7 +227,7 @@ def test_grads_that_are_none_and_zero_grad_set_to_none():
     ae.reset_stats()
     out, oout = _run(O.Adam, dict(lr=1e-3), 16, ctx=_runtime(), none_every=3)
     _equal(ref, out)
-    _state_equal(oref, oout)
+    assert_optimizer_states_equal(oref, oout)
     assert ae.stats().optimizer_steps_compiled > 0
 
 
@@ -264,7 +252,7 @@ def test_state_dict_round_trip_mid_run():
     ae.reset_stats()
     out, oout = run(_runtime())
     _equal(ref, out)
-    _state_equal(oref, oout)
+    assert_optimizer_states_equal(oref, oout)
     assert ae.stats().optimizer_steps_compiled >= 6
 
 
@@ -284,7 +272,7 @@ def test_add_param_group_mid_run():
     ae.reset_stats()
     out, oout = _run(O.SGD, dict(lr=0.1, momentum=0.9), 12, ctx=_runtime(), edit=edit_lr, schedule=False)
     _equal(ref, out)
-    _state_equal(oref, oout)
+    assert_optimizer_states_equal(oref, oout)
     assert _kinds(O.SGD).get("compiles") == 2
 
 
@@ -311,7 +299,7 @@ def test_grad_scaler_skips_inf_steps():
     ae.reset_stats()
     out, oout, so = run(_runtime())
     _equal(ref, out)
-    _state_equal(oref, oout)
+    assert_optimizer_states_equal(oref, oout)
     assert sr == so
     assert ae.stats().optimizer_steps_compiled > 0
 
@@ -411,7 +399,7 @@ def test_neuron_device_bitwise(cls, kw, backend):
     ae.reset_stats()
     out, oout = _run(cls, kw, 10, device="neuron", ctx=_runtime(device="neuron", backend=backend))
     _equal(ref, out)
-    _state_equal(oref, oout)
+    assert_optimizer_states_equal(oref, oout)
     assert ae.stats().optimizer_steps_compiled == 7
 
 
