@@ -27,7 +27,8 @@ Public API:
   ``maybe_enable_from_env()``
 - launch model: ``launch_count()``, ``reset_launch_count()``,
   ``set_launch_latency_us(us)``, ``launch_latency_us()``, ``single_launch()``;
-  asynchronous launches (the default): ``queue_depth()``, ``device_backlog_ns()``, ``wait_for_device()``
+  asynchronous launches (the default): ``queue_depth()``, ``device_backlog_ns()``, ``device_time_ns()``,
+  ``wait_for_device()``
   (what ``torch.neuron.synchronize()`` does), ``set_async_launch(b)``, ``async_launch()``
 - environment (read by ``maybe_enable_from_env``): ``ADAPTIVE_EAGER_NEURON_SIM``,
   ``ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US`` (µs per launch),
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING
 from ._launch import (
     async_launch,
     device_backlog_ns,
+    device_time_ns,
     launch_count,
     launch_latency_us,
     queue_depth,
@@ -77,6 +79,7 @@ __all__ = [
     "single_launch",
     "queue_depth",
     "device_backlog_ns",
+    "device_time_ns",
     "wait_for_device",
     "set_async_launch",
     "async_launch",

@@ -49,6 +49,7 @@ __all__ = [
     "async_launch",
     "queue_depth",
     "device_backlog_ns",
+    "device_time_ns",
     "wait_for_device",
     "MAX_QUEUE_DEPTH",
 ]
@@ -66,6 +67,7 @@ class _LaunchRegistry:
         self.latency_ns = 0
         self.async_launch = True  # Note [Asynchronous launches]
         self.device_free_ns = 0  # perf_counter_ns() at which the last launch finishes
+        self.device_time_ns = 0  # device time of every asynchronous launch issued so far
         self.pending: deque[int] = deque()  # finish times of launches not yet done
         self.local = threading.local()  # .depth: nesting depth of single_launch()
 
@@ -131,6 +133,7 @@ def record_launch() -> None:
         oldest = _REGISTRY.pending[0] if len(_REGISTRY.pending) >= MAX_QUEUE_DEPTH else None
         finish = max(now, _REGISTRY.device_free_ns) + latency
         _REGISTRY.device_free_ns = finish
+        _REGISTRY.device_time_ns += latency
         _REGISTRY.pending.append(finish)
     if oldest is not None:  # the queue is full: wait for a slot, as a CUDA launch does
         _wait_until(oldest)
@@ -189,6 +192,25 @@ def device_backlog_ns() -> int:
         0
     """
     return max(0, _REGISTRY.device_free_ns - time.perf_counter_ns())
+
+
+def device_time_ns() -> int:
+    """Device time of every asynchronous launch issued so far, in ns (launches x their
+    latency; it only grows): what the device's queue spends on them, whether or not the
+    host waited for it. Synchronous launches add nothing (the host paid them).
+
+    The runtime reads it before and after a span of ops to weigh what fusing them would
+    save the device (Note [Fusion saves device time], runtime/occupancy.py).
+
+    Example::
+
+        >>> set_async_launch(True); set_launch_latency_us(100)
+        >>> before = device_time_ns(); record_launch(); record_launch()
+        >>> device_time_ns() - before
+        200000
+        >>> wait_for_device(); set_launch_latency_us(0)
+    """
+    return _REGISTRY.device_time_ns
 
 
 def set_async_launch(enabled: bool) -> None:

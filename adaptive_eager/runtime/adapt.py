@@ -41,7 +41,7 @@ import torch
 
 from ..fusion.policy import fusible
 from .executor import Verdict
-from .occupancy import backlog_probe
+from .occupancy import DEVICE_BOUND_SHARE, Occupancy, backlog_probe, device_clock, span_cost
 from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, GROWING_REASON, RESHAPED_REASON,
                        RESHAPED_STREAK, RESHAPED_WEIGHT, Tally)
 from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_MODULE, AT_READ,
@@ -124,9 +124,13 @@ LAUNCH_MEASURE_NS_PER_OP = 2 * CAPTURE_NS_PER_OP
 # read will wait: runtime/occupancy.py; the emulator's clock, CUDA's events) and compares
 # the sum with the host's busy time (its thread's CPU time, which other processes on a
 # loaded machine do not inflate, as wall time would): waits of DEVICE_BOUND_SHARE of
-# waits plus busy time or more are device-bound.
-# The report's phase names the regime and the figures. Measured: see README (neuron-sim).
-DEVICE_BOUND_SHARE = 0.25
+# waits plus busy time or more are device-bound. Where the device has a clock (the
+# emulator's: runtime/occupancy.py), the measure reads the device time of the launches
+# it saw instead, and capture is free where the device's time exceeds the host's by
+# enough (Note [Fusion saves device time]): the waits alone said "host-bound" of a loop
+# whose device was busier than its host (0.5 ms waited against 5 ms busy, 6.1 ms of
+# device time). The report's phase names the regime and the figures (runtime/occupancy.py,
+# Occupancy). Measured: see README (neuron-sim).
 
 # Note [Only fusible ops pay for capture]
 # Fusion can only save time inside ops that fuse (fusion.policy.fusible: pointwise,
@@ -201,7 +205,8 @@ class DeferPolicy:
     def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
                  novel_patience: int = 48, in_flight: Callable[[], int] | None = None,
                  warmup: bool = False, measure: bool = False, launch_bound: bool = False,
-                 backlog: Callable[[], int] | None = None):
+                 backlog: Callable[[], int] | None = None,
+                 device_time: Callable[[], int] | None = None):
         self.enabled = enabled
         # Note [The first iteration runs eagerly]
         # Capturing a window the first time costs its ops' Python capture (15-90 µs each)
@@ -224,6 +229,10 @@ class DeferPolicy:
         # read begins, or None; the waits summed over a measure
         self.backlog = backlog
         self._waited_ns = 0
+        # Note [Fusion saves device time] (runtime/occupancy.py): the device's clock, or
+        # None; its reading where the timing began
+        self.device_time = device_time
+        self._device_ns = 0
         self.tally = Tally()  # the verdicts' streaks and sums (runtime/verdicts.py)
         # -- why: the last move's (why_deferring) and the last stop's (reason)
         self._why = "capture from the block's first op" if self.phase is _CAPTURING else ""
@@ -268,7 +277,8 @@ class DeferPolicy:
         return cls(options.adaptive_passthrough, warmup=options.warmup,
                    in_flight=lambda: counters.compiles_in_flight, measure=True,
                    launch_bound=torch.device(options.device).type != "cpu",
-                   backlog=backlog_probe(torch.device(options.device).type))
+                   backlog=backlog_probe(torch.device(options.device).type),
+                   device_time=device_clock(torch.device(options.device).type))
 
     @classmethod
     def never(cls) -> "DeferPolicy":
@@ -366,11 +376,15 @@ class DeferPolicy:
         if in_time and (ops < MEASURE_OPS or spans == self._measure_spans):
             return True
         # Note [Only fusible ops pay for capture]: time inside ops that cannot fuse is left out
-        per_op = (now - self._measure_ns - self.unfusible_ns) / max(ops, 1)
+        # Note [Fusion saves device time] (occupancy.py): the larger of host and device time
+        regime, free, device_ns = self._regime(ops)
+        host = now - self._measure_ns - self.unfusible_ns
+        per_op = span_cost(host, device_ns) / max(ops, 1)
         apart = (f"; {self.unfusible_ns / 1e6:.1f} ms in ops that cannot fuse left out"
                  if self.unfusible_ns else "")
-        regime, device_bound = self._regime()
-        if device_bound or (ops and per_op >= self._threshold()):
+        if device_ns > host:
+            apart += "; the device's time, the larger"
+        if free or (ops and per_op >= self._threshold()):
             # Note [Seeding the memo from real runs] (dispatch/meta.py): one more span
             # passes through, seeding (a plain attribute: asked on passed-through ops)
             self._decided = (f"{regime}ops took {per_op / 1e3:.0f} µs each (over {ops} ops{apart}): "
@@ -387,6 +401,7 @@ class DeferPolicy:
     def _start_timing(self) -> None:
         self._measure_ns = time.thread_time_ns()
         self.unfusible_ns = self._waited_ns = 0
+        self._device_ns = self.device_time() if self.device_time is not None else 0
 
     def seen(self, read: bool, parked: bool) -> None:
         """``feed(Seen(read, parked))`` without making the event (the hot path)."""
@@ -425,16 +440,15 @@ class DeferPolicy:
             return LAUNCH_MEASURE_NS_PER_OP  # Note [Launch-bound devices pay sooner]
         return MEASURE_NS_PER_OP
 
-    def _regime(self) -> tuple[str, bool]:
-        """(the report's words on the device's occupancy over the measure, whether the
-        device is the bottleneck); ``("", False)`` without a backlog probe."""
+    def _regime(self, ops: int) -> tuple[str, bool, int]:
+        """(the report's words on the device's occupancy over the measure's ``ops`` ops,
+        whether capture is free there, the device time of their launches (0 unknown));
+        ``("", False, 0)`` without a backlog probe."""
         if self.backlog is None:
-            return "", False
-        waited, busy = self._waited_ns, time.thread_time_ns() - self._measure_ns
-        figures = f"the host waited {waited / 1e6:.1f} ms at its reads, busy {busy / 1e6:.1f} ms"
-        if waited >= DEVICE_BOUND_SHARE * max(waited + busy, 1):
-            return f"device-bound ({figures}: capture is free); ", True
-        return f"host-bound ({figures}: capture must pay from host time); ", False
+            return "", False, 0
+        device = self.device_time() - self._device_ns if self.device_time is not None else None
+        seen = Occupancy(self._waited_ns, time.thread_time_ns() - self._measure_ns, device, ops)
+        return seen.describe(), seen.capture_is_free, device or 0
 
     def fusible(self, func: Any) -> bool:
         """Whether ``func`` can fuse (fusion.policy.fusible, memoized per overload)."""

@@ -57,6 +57,7 @@ from ..fusion.policy import DefaultCost, SupportPolicy
 from ..fusion.scalars import lift_rule, lifted_dtype, scalar_dtype
 from ..fusion.signature import miss_cause, outline, window_key
 from .backends import backend_support, for_device, is_debugging, layout_decompositions
+from .occupancy import device_clock, span_cost
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
 from .checks import indices_in_range
 from .first_call import CompiledCodeWroteInput, first_call
@@ -154,6 +155,9 @@ class CompiledExecutor(Executor):
         # measured times of a window key live in one entry, evicted together.
         self.windows = WindowLog(max(256, 4 * options.cache_size))
         self._outlines: cachetools.LRUCache = cachetools.LRUCache(256)  # site -> outline (ae_recompiles)
+        # Note [Fusion saves device time] (occupancy.py): a window's eager time is the
+        # larger of its host time and its launches' device time, where the device says
+        self._device_time = device_clock(torch.device(options.device).type)
 
     # -- the Executor contract ------------------------------------------------------
     def run(self, window: Window, known: Known | None = None) -> FlushResult:
@@ -199,6 +203,7 @@ class CompiledExecutor(Executor):
         env = window.start_run()
         worth = False
         compiled_before = self.counters.compiled_calls
+        d0 = self._device_ns()
         t0 = time.perf_counter_ns()
         pop = env.pop
         with replay_guard():
@@ -211,14 +216,15 @@ class CompiledExecutor(Executor):
                 for v in step.drop:
                     pop(v, None)
         t1 = time.perf_counter_ns()
+        device_ns = self._device_ns() - d0
         self.counters.note_replay_bytes(plan.peak_bytes)
         if first and history.eager_ns is None:  # unplanned, all eager: its time is eager's
-            history.eager_ns = t1 - t0
+            history.eager_ns = span_cost(t1 - t0, device_ns)
         compiling = any(s.region.fused and self.cache.entry(s.region.key).state == COMPILING
                         for s in plan.steps)
         ran_compiled = self.counters.compiled_calls > compiled_before
         verdict = judge(history, n_ops, worth, ran_compiled, compiling, t1, window.opened_ns,
-                        self.options.async_compile, t1 - t0)
+                        self.options.async_compile, t1 - t0, device_ns)
         return (FlushResult({vid: env[vid] for vid in window.outputs}, verdict,
                             Sighting(key, recurred, groups)),
                 history.eager_ns if ran_compiled else None)
@@ -252,18 +258,25 @@ class CompiledExecutor(Executor):
                            Sighting(key, recurred, groups))
 
     def _replay_timed(self, window: Window) -> tuple[dict[int, torch.Tensor], int | None, int]:
-        """Run every node eagerly: (outputs, capture time or None, eager time), in ns."""
+        """Run every node eagerly: (outputs, capture time or None, eager time), in ns;
+        the eager time is ``span_cost`` of its host and device times."""
         order = range(len(window.nodes))
         release = release_after(window.nodes, order, window.outputs)
         env = window.start_run()
+        d0 = self._device_ns()
         t0 = time.perf_counter_ns()
         with replay_guard():
             run_nodes(window, order, env, release)
-        eager_ns = time.perf_counter_ns() - t0
+        host_ns = time.perf_counter_ns() - t0
         self.counters.ops_eager += len(window.nodes)
-        self.counters.eager_replay_ns += eager_ns
+        self.counters.eager_replay_ns += host_ns
         capture_ns = t0 - window.opened_ns if window.opened_ns else None
-        return {vid: env[vid] for vid in window.outputs}, capture_ns, eager_ns
+        return ({vid: env[vid] for vid in window.outputs}, capture_ns,
+                span_cost(host_ns, self._device_ns() - d0))
+
+    def _device_ns(self) -> int:
+        """The device clock (occupancy.device_clock), 0 where there is none."""
+        return self._device_time() if self._device_time is not None else 0
 
     def _run_unpaying(self, window: Window, history: WindowHistory, key: Any,
                       groups: Mapping[int, int]) -> FlushResult:

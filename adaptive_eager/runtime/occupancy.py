@@ -10,18 +10,26 @@ measure's wall time. It is None where there is nothing to measure: the CPU, a
 synchronous emulator (its launches busy-wait on the host: Note [Launch-bound devices pay
 sooner]), CUDA absent.
 
+:func:`device_clock` returns a second function, where the device can say it cheaply: the
+device time of every launch issued so far (ns, growing). Read before and after a span of
+ops, it says what the device's queue spends on them, which fusion saves (Note [Fusion
+saves device time]).
+
 Example::
 
-    >>> backlog_probe("cpu") is None
-    True
+    >>> backlog_probe("cpu") is None, device_clock("cpu") is None
+    (True, True)
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from .windows import CAPTURE_NS_PER_OP
 
 
 def backlog_probe(device_type: str) -> Callable[[], int] | None:
@@ -32,6 +40,124 @@ def backlog_probe(device_type: str) -> Callable[[], int] | None:
     if device_type == "cuda":
         return _cuda_backlog if _cuda_ready() else None
     return None
+
+
+# Note [Fusion saves device time]
+# On an asynchronous device an eager op costs the program twice over: its host time (the
+# program's Python, dispatch, the enqueue) and its launch's device time (what the queue
+# spends on it), and the two overlap: a span of ops takes about the larger of the two. A
+# fused region is one launch for all its ops, so fusion saves the launches' device time
+# (launches saved x launch cost) whatever the host spends, and capture costs host time,
+# which is free while the host would wait for the device anyway. So what a span of ops
+# costs eagerly, for every rule that weighs capture against what fusion saves (the
+# policy's measure, a window's eager time, the judge of a compiled window), is
+# ``span_cost(host, device)``: the larger of the two; on the CPU (no device clock) its
+# host time, as before. The policy's measure compares that cost per op with the CPU's
+# threshold (MEASURE_NS_PER_OP, four captures' worth), and captures anyway where the
+# device leads the host by enough for capture to be free (DEVICE_LEAD_NS_PER_OP). Measured (python -m benchmarks --workloads neuron-sim, 100 µs
+# launches, 1 thread, load 8-10 on the 2-core box): eagerly 61 launches an iteration, 6.1
+# ms of device time against 4-5 ms of host CPU time; the host waited only 0.5 ms at its
+# read, so the waits alone (Note [Occupancy gates capture]) called the loop host-bound
+# though the device was busier than the host.
+
+
+def device_clock(device_type: str) -> Callable[[], int] | None:
+    """A function returning the device time (ns) of every launch issued so far on
+    ``device_type``'s asynchronous device, or None where it cannot be read without a
+    sync (the CPU, CUDA: its events need one; the policy falls back to the backlog there).
+
+    Example::
+
+        >>> device_clock("cuda") is None
+        True
+    """
+    if device_type == "neuron":
+        return _neuron_device_time
+    return None
+
+
+def span_cost(host_ns: int, device_ns: int) -> int:
+    """What a span of ops costs the program: its host time and its launches' device time
+    overlap, so the larger of the two (Note [Fusion saves device time]).
+
+    Example::
+
+        >>> span_cost(4_000_000, 6_100_000), span_cost(4_000_000, 0)
+        (6100000, 4000000)
+    """
+    return host_ns if device_ns <= host_ns else device_ns
+
+
+# Note [Occupancy gates capture] (runtime/adapt.py) without a device clock: waits of this
+# share of waits plus busy time or more are device-bound.
+DEVICE_BOUND_SHARE = 0.25
+# Note [Fusion saves device time]: with a device clock, a measure captures where the
+# device's time per op exceeds the host's by two captures' worth or more (the margin of
+# Note [Launch-bound devices pay sooner]): fusing then takes the device out of the way,
+# and the program, which waited for it, pays capture out of that wait. Fused, a span costs
+# the host at most its eager host time plus a capture per op (the emulator's own
+# fallback, skipped by a fused region, makes it less), so capture pays while
+# ``device - host >= CAPTURE_NS_PER_OP`` per op; twice that leaves a margin for the
+# estimate. Measured on the neuron-sim row (MLP forward, 68 ops, 1 thread, load 8-10):
+# host 66-76 µs an op; device 18, 45 and 90 µs an op at 20, 50 and 100 µs launches.
+DEVICE_LEAD_NS_PER_OP = 2 * CAPTURE_NS_PER_OP
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """What a measure saw of an asynchronous device over ``ops`` ops: the host's waits at
+    its reads (``waited_ns``, from the backlog), its busy time (``busy_ns``, its thread's
+    CPU time) and the device time of their launches (``device_ns``; None without a
+    device clock). It says which regime held and whether capture is free.
+
+    Example::
+
+        >>> o = Occupancy(waited_ns=500_000, busy_ns=5_000_000, device_ns=6_100_000, ops=68)
+        >>> o.device_bound, o.capture_is_free
+        (True, False)
+        >>> Occupancy(0, 1_000_000, 6_100_000, 68).capture_is_free
+        True
+    """
+
+    waited_ns: int
+    busy_ns: int
+    device_ns: int | None
+    ops: int
+
+    @property
+    def device_bound(self) -> bool:
+        """Whether the device was the bottleneck: its launches took longer than the host
+        was busy (with a device clock), else the host waited DEVICE_BOUND_SHARE or more."""
+        if self.device_ns is not None:
+            return self.device_ns > self.busy_ns
+        return self.waited_ns >= DEVICE_BOUND_SHARE * max(self.waited_ns + self.busy_ns, 1)
+
+    @property
+    def capture_is_free(self) -> bool:
+        """Whether capture comes out of the host's wait for the device (Note [Fusion
+        saves device time]; without a device clock, whether it was device-bound)."""
+        if self.device_ns is None:
+            return self.device_bound
+        return self.device_ns - self.busy_ns >= DEVICE_LEAD_NS_PER_OP * max(self.ops, 1)
+
+    def describe(self) -> str:
+        """The report's words: the regime and its figures."""
+        figures = (f"the host waited {self.waited_ns / 1e6:.1f} ms at its reads, "
+                   f"busy {self.busy_ns / 1e6:.1f} ms")
+        if self.device_ns is not None:
+            figures += f", its launches took {self.device_ns / 1e6:.1f} ms of device time"
+        if self.capture_is_free:
+            return f"device-bound ({figures}: capture is free); "
+        if self.device_bound:
+            return (f"device-bound ({figures}: too close to the host's for capture to be "
+                    f"free, so it must pay from host time); ")
+        return f"host-bound ({figures}: capture must pay from host time); "
+
+
+def _neuron_device_time() -> int:
+    from .. import neuron_sim  # noqa: PLC0415 - pure Python, cheap
+
+    return neuron_sim.device_time_ns()
 
 
 def _neuron_backlog() -> int:
@@ -61,4 +187,5 @@ def _cuda_backlog() -> int:
         return 0
 
 
-__all__ = ["backlog_probe"]
+__all__ = ["DEVICE_BOUND_SHARE", "DEVICE_LEAD_NS_PER_OP", "Occupancy", "backlog_probe", "device_clock",
+           "span_cost"]

@@ -223,12 +223,22 @@ def route(history: WindowHistory | None, n_ops: int, options: Any, demote: bool,
 
 def judge(history: WindowHistory, n_ops: int, worth: bool, ran_compiled: bool,
           compiling: bool, ran_end_ns: int, opened_ns: int, async_compile: bool,
-          run_ns: int | None = None) -> Verdict:
+          run_ns: int | None = None, run_device_ns: int = 0) -> Verdict:
     """The verdict on a planned window after its run.
 
     ``worth``: some region of it is (or may become) compiled; ``ran_compiled``: a compiled
     region ran this time; ``compiling``: one of its regions is compiling now; ``run_ns``:
-    how long its plan ran (the end of the span from ``opened_ns`` to ``ran_end_ns``).
+    how long its plan ran (the end of the span from ``opened_ns`` to ``ran_end_ns``);
+    ``run_device_ns``: the device time of the launches it made (0 on the CPU). On an
+    asynchronous device ``history.eager_ns`` holds its eager host and device times'
+    larger (Note [Fusion saves device time], runtime/occupancy.py), and the run is
+    weighed the same way: capture and run on the host against the run's device time.
+
+    Example::
+
+        >>> h = WindowHistory(eager_ns=6_100_000)   # 61 launches of 100 µs; host 4 ms
+        >>> judge(h, 68, True, True, False, 3_000_000, 1, True, 2_000_000, 100_000).worth
+        True
     """
     worth = worth and (history.eager_ns is None or pays_for_capture(history.eager_ns, n_ops))
     if worth and not ran_compiled and async_compile and compiling:
@@ -246,7 +256,7 @@ def judge(history: WindowHistory, n_ops: int, worth: bool, ran_compiled: bool,
             worth = span < history.eager_ns
         else:
             capture = min(span - run_ns, n_ops * 2 * CAPTURE_NS_PER_OP)
-            worth = capture + run_ns < history.eager_ns
+            worth = max(capture + run_ns, run_device_ns) < history.eager_ns
     return Verdict(n_ops, worth=worth)
 
 
