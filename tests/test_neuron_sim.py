@@ -350,6 +350,40 @@ def test_async_launches_run_ahead_and_synchronize_waits():
 
 
 @device_test
+def test_200_tiny_ops_at_100us_enqueue_under_their_device_time():
+    """Issue 25's figure: at 100 µs launches, 200 tiny ops enqueue in well under 200 x 100
+    µs of the host's time, and synchronize() waits for the rest. The host's time is its
+    thread's CPU time (measured 6.2-7.9 ms for the 200, load 5 on the 2-core box: the
+    emulator's Python fallback, ~30-40 µs an op); wall time on a loaded machine also holds
+    other processes' turns, which can outlast the device's 20 ms."""
+    import time
+
+    import adaptive_eager.neuron_sim as ns
+
+    latency_us, n = 100.0, 200
+    x = torch.zeros(8, device=N)
+    _enqueue_adds(x, 20)  # the add's first-call set-up, off the clock
+    ns.enable(launch_latency_us=latency_us)
+    try:
+        torch.neuron.synchronize()
+        start, cpu_start = time.perf_counter(), time.thread_time()
+        y, enqueue_s = _enqueue_adds(x, n)
+        enqueue_cpu_s = time.thread_time() - cpu_start
+        depth = ns.queue_depth()
+        torch.neuron.synchronize()
+        total_s = time.perf_counter() - start
+        assert ns.queue_depth() == 0
+    finally:
+        ns.set_launch_latency_us(0)
+    device_s = n * latency_us / 1e6
+    assert enqueue_cpu_s < 0.6 * device_s, (enqueue_cpu_s, device_s)
+    if enqueue_s < 0.9 * device_s:  # the host ran ahead: launches were still queued
+        assert depth > 0, (depth, enqueue_s)
+    assert total_s >= device_s, (total_s, device_s)  # synchronize() waited for the rest
+    assert torch.equal(y.cpu(), torch.full((8,), float(n)))
+
+
+@device_test
 def test_host_reads_wait_for_the_device():
     import time
 

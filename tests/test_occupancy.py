@@ -15,6 +15,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+import torch
+
 from adaptive_eager.runtime.occupancy import (DEVICE_LEAD_NS_PER_OP, Occupancy, backlog_probe,
                                               device_clock, span_cost)
 from adaptive_eager.runtime.windows import WindowHistory, judge
@@ -34,9 +37,27 @@ def _child(code: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+_NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
 # -- the pure parts -------------------------------------------------------------------------
 def test_the_cpu_has_no_device_clock_nor_backlog():
     assert device_clock("cpu") is None and backlog_probe("cpu") is None
+
+
+@_NO_CUDA
+def test_cuda_has_a_backlog_probe_and_no_device_clock():
+    """CUDA's occupancy comes from its events (the backlog where a read begins); it has
+    no device clock the policy could read without a sync, so the waits decide there.
+    Collected everywhere, run by scripts/gpu-check."""
+    probe = backlog_probe("cuda")
+    assert probe is not None and device_clock("cuda") is None
+    x = torch.randn(1 << 20, device="cuda")
+    for _ in range(50):
+        x = x * 1.0001 + 0.0001
+    assert probe() >= 0
+    torch.cuda.synchronize()
+    assert 0 <= probe() < 50_000_000  # an idle queue: an event completes at once
 
 
 def test_span_cost_is_the_larger_of_host_and_device_time():
