@@ -321,46 +321,13 @@ def _enqueue_adds(x: torch.Tensor, n: int) -> tuple[torch.Tensor, float]:
     return x, time.perf_counter() - start
 
 
-@device_test
-def test_async_launches_run_ahead_and_synchronize_waits():
+def _run_ahead(latency_us: float, n: int) -> dict:
+    """Enqueue ``n`` adds at ``latency_us`` asynchronous launches, then synchronize():
+    the enqueue's wall and CPU time, the queue depth after it, the total, the device time."""
     import time
 
     import adaptive_eager.neuron_sim as ns
 
-    assert ns.async_launch(), "asynchronous launches are the default"
-    latency_us, n = 1000.0, 200  # 1 ms launches: far above the emulator's own host cost
-    x = torch.zeros(8, device=N)
-    ns.enable(launch_latency_us=latency_us)
-    try:
-        start = time.perf_counter()
-        y, enqueue_s = _enqueue_adds(x, n)
-        depth = ns.queue_depth()
-        torch.neuron.synchronize()
-        total_s = time.perf_counter() - start
-        assert ns.queue_depth() == 0
-    finally:
-        ns.set_launch_latency_us(0)
-    device_s = n * latency_us / 1e6
-    # The host enqueued 200 launches in well under their device time and returned
-    # with launches still queued; synchronize() waited for the rest.
-    assert enqueue_s < 0.5 * device_s, (enqueue_s, device_s)
-    assert depth > 0
-    assert total_s >= device_s, (total_s, device_s)
-    assert torch.equal(y.cpu(), torch.full((8,), float(n)))  # values as eager's
-
-
-@device_test
-def test_200_tiny_ops_at_100us_enqueue_under_their_device_time():
-    """Issue 25's figure: at 100 µs launches, 200 tiny ops enqueue in well under 200 x 100
-    µs of the host's time, and synchronize() waits for the rest. The host's time is its
-    thread's CPU time (measured 6.2-7.9 ms for the 200, load 5 on the 2-core box: the
-    emulator's Python fallback, ~30-40 µs an op); wall time on a loaded machine also holds
-    other processes' turns, which can outlast the device's 20 ms."""
-    import time
-
-    import adaptive_eager.neuron_sim as ns
-
-    latency_us, n = 100.0, 200
     x = torch.zeros(8, device=N)
     _enqueue_adds(x, 20)  # the add's first-call set-up, off the clock
     ns.enable(launch_latency_us=latency_us)
@@ -375,12 +342,37 @@ def test_200_tiny_ops_at_100us_enqueue_under_their_device_time():
         assert ns.queue_depth() == 0
     finally:
         ns.set_launch_latency_us(0)
-    device_s = n * latency_us / 1e6
-    assert enqueue_cpu_s < 0.6 * device_s, (enqueue_cpu_s, device_s)
-    if enqueue_s < 0.9 * device_s:  # the host ran ahead: launches were still queued
-        assert depth > 0, (depth, enqueue_s)
-    assert total_s >= device_s, (total_s, device_s)  # synchronize() waited for the rest
-    assert torch.equal(y.cpu(), torch.full((8,), float(n)))
+    assert torch.equal(y.cpu(), torch.full((8,), float(n)))  # values as eager's
+    return {"enqueue_s": enqueue_s, "enqueue_cpu_s": enqueue_cpu_s, "depth": depth,
+            "total_s": total_s, "device_s": n * latency_us / 1e6}
+
+
+@device_test
+def test_async_launches_run_ahead_and_synchronize_waits():
+    import adaptive_eager.neuron_sim as ns
+
+    assert ns.async_launch(), "asynchronous launches are the default"
+    # 1 ms launches: far above the emulator's own host cost
+    r = _run_ahead(1000.0, 200)
+    # The host enqueued 200 launches in well under their device time and returned
+    # with launches still queued; synchronize() waited for the rest.
+    assert r["enqueue_s"] < 0.5 * r["device_s"], r
+    assert r["depth"] > 0
+    assert r["total_s"] >= r["device_s"], r
+
+
+@device_test
+def test_200_tiny_ops_at_100us_enqueue_under_their_device_time():
+    """Issue 25's figure: at 100 µs launches, 200 tiny ops enqueue in well under 200 x 100
+    µs of the host's time, and synchronize() waits for the rest. The host's time is its
+    thread's CPU time (measured 6.2-7.9 ms for the 200, load 5 on the 2-core box: the
+    emulator's Python fallback, ~30-40 µs an op); wall time on a loaded machine also holds
+    other processes' turns, which can outlast the device's 20 ms."""
+    r = _run_ahead(100.0, 200)
+    assert r["enqueue_cpu_s"] < 0.6 * r["device_s"], r
+    if r["enqueue_s"] < 0.9 * r["device_s"]:  # the host ran ahead: launches were still queued
+        assert r["depth"] > 0, r
+    assert r["total_s"] >= r["device_s"], r  # synchronize() waited for the rest
 
 
 @device_test
