@@ -171,8 +171,7 @@ _OCCUPANCY = """
 import json, sys, torch
 import adaptive_eager as ae, adaptive_eager.neuron_sim as ns
 from adaptive_eager.runtime import adapt, occupancy
-adapt.LAUNCH_MEASURE_NS_PER_OP = 10**15
-adapt.MEASURE_NS_PER_OP = int(sys.argv[2])
+adapt.MEASURE_NS_PER_OP = adapt.LAUNCH_MEASURE_NS_PER_OP = int(sys.argv[2])
 if sys.argv[3] == "span-cost-only":  # neither the waits nor the device's lead decide
     for module in (adapt, occupancy):
         if hasattr(module, "DEVICE_BOUND_SHARE"):

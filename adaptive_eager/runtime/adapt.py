@@ -119,7 +119,11 @@ LAUNCH_MEASURE_NS_PER_OP = 2 * CAPTURE_NS_PER_OP
 # While the device is the bottleneck (the host waits at its reads), host time spent
 # capturing comes out of that wait: capture is free, and what fusion saves (launches,
 # device time) is what the program waits for. While the host is the bottleneck, capture
-# must pay for itself from host time: the CPU rule (MEASURE_NS_PER_OP). So a measure on
+# must pay for itself from host time: the CPU rule, at a device's rate (a fused region
+# replaces the ops' launches, whose host cost is most of an eager op's there:
+# LAUNCH_MEASURE_NS_PER_OP; until 2026-12-02 the CPU's own MEASURE_NS_PER_OP, which
+# parked the neuron-sim row at 50 µs launches: 45 µs an op, 1.01x eager, where fused it
+# runs 2 launches an iteration instead of 61). So a measure on
 # such a device also sums, where each read begins, the device's backlog (how long that
 # read will wait: runtime/occupancy.py; the emulator's clock, CUDA's events) and compares
 # the sum with the host's busy time (its thread's CPU time, which other processes on a
@@ -434,11 +438,10 @@ class DeferPolicy:
                 self._open[0 if ev.read else 1] = True
 
     def _threshold(self) -> float:
-        """The host time per op above which capture pays (Note [Occupancy gates capture]:
-        the CPU rule on an asynchronous device)."""
-        if self.launch_bound and self.backlog is None:
-            return LAUNCH_MEASURE_NS_PER_OP  # Note [Launch-bound devices pay sooner]
-        return MEASURE_NS_PER_OP
+        """The cost per op (host or device: Note [Fusion saves device time]) above which
+        capture pays: on a device, whose launches a fused region replaces with one, two
+        captures' worth (Note [Launch-bound devices pay sooner]); else the CPU's four."""
+        return LAUNCH_MEASURE_NS_PER_OP if self.launch_bound else MEASURE_NS_PER_OP
 
     def _regime(self, ops: int) -> tuple[str, bool, int]:
         """(the report's words on the device's occupancy over the measure's ``ops`` ops,
