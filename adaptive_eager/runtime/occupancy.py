@@ -150,7 +150,7 @@ class Occupancy:
             return f"device-bound ({figures}: capture is free); "
         if self.device_bound:
             return (f"device-bound ({figures}: too close to the host's for capture to be "
-                    f"free, so it must pay from host time); ")
+                    f"free: it must pay from the device time fusion saves); ")
         return f"host-bound ({figures}: capture must pay from host time); "
 
 
