@@ -7,8 +7,12 @@ compiles; ``--trainer`` runs ``transformers.Trainer`` on GPT-2 instead (needs ac
 ``--backend decompositions`` is AOTAutograd with Inductor's decompositions and no code
 generation (Inductor's layouts in a fraction of its compile time), registered as a
 debugging backend (never demoted for speed). Beside the whole run's fused share it prints
-the later half's (``steps 5-8``): a window's first two sightings and its first compiled
-call run eagerly, so the first steps bound the whole run's share. Issue 27.
+the later half's (``steps 5-8``): a window's first sighting and its first compiled call
+run eagerly, and the first step's windows (the model's construction, AdamW's state
+creation) differ from the rest, so the first three steps bound the whole run's share.
+The share is of every op the program ran on the device (fused, replayed eagerly, passed
+through), warm-up included. Each run compiles into a fresh disk cache (``--cache-dir
+default``: the runtime's own, where an earlier run's regions load instead). Issue 27.
 
     python -m benchmarks.hf_zoo --models gpt2,llama,bert,t5 --backend inductor --attn eager
     python -m benchmarks.hf_zoo --trainer --backend inductor
@@ -17,6 +21,7 @@ call run eagerly, so the first steps bound the whole run's share. Issue 27.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from typing import Any
@@ -62,11 +67,14 @@ def build(name: str, attn: str | None) -> torch.nn.Module:
 
 
 def _ops() -> tuple[int, int]:
-    """(ops fused, ops run) so far: the runtime's counters (zeros when it is off)."""
+    """(ops fused, ops run) so far: the runtime's counters (zeros when it is off). Ops run
+    are every op the program ran on the device: fused, replayed eagerly, and passed
+    straight through (a sync op, ``.item()``'s read), so the share is of what the program
+    ran, warm-up included."""
     from adaptive_eager import stats
 
     s = stats()
-    return s.ops_fused, s.ops_fused + s.ops_eager
+    return s.ops_fused, s.ops_fused + s.ops_eager + s.ops_passthrough
 
 
 def train(name: str, args: argparse.Namespace, marks: list | None = None) -> list[float]:
@@ -91,6 +99,8 @@ def train(name: str, args: argparse.Namespace, marks: list | None = None) -> lis
 
 
 def trainer(name: str, args: argparse.Namespace, marks: list | None = None) -> list[float]:
+    """The losses of ``transformers.Trainer`` on GPT-2 with ``--optim`` (the Trainer's own
+    default when None: ``adamw_torch_fused`` from torch 2.8 on, i.e. ``AdamW(fused=True)``)."""
     import transformers as T
 
     class Marks(T.TrainerCallback):
@@ -106,7 +116,8 @@ def trainer(name: str, args: argparse.Namespace, marks: list | None = None) -> l
         targs = T.TrainingArguments(output_dir=d, max_steps=args.steps, logging_steps=1,
                                     per_device_train_batch_size=args.batch, report_to=[],
                                     save_strategy="no", use_cpu=True, seed=0,
-                                    dataloader_num_workers=0, disable_tqdm=True, learning_rate=1e-3)
+                                    dataloader_num_workers=0, disable_tqdm=True, learning_rate=1e-3,
+                                    **({} if args.optim is None else {"optim": args.optim}))
         tr = T.Trainer(model=model, args=targs, train_dataset=data, callbacks=[Marks()])
         tr.train()
     return [h["loss"] for h in tr.state.log_history if "loss" in h]
@@ -153,28 +164,45 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--trainer", action="store_true", help="transformers.Trainer on GPT-2")
+    p.add_argument("--optim", default=None,
+                   help="the Trainer's optim (default: its own, adamw_torch_fused on torch >= 2.8)")
+    p.add_argument("--cache-dir", default=None,
+                   help="compiled-region disk cache: default a fresh temporary folder (every "
+                        "region compiles in this run); 'default' for the runtime's own")
     args = p.parse_args()
     import adaptive_eager as ae
     from adaptive_eager import session
 
     backend = _decompositions_backend() if args.backend == "decompositions" else args.backend
     run = trainer if args.trainer else train
+    print(f"load average at start: {_load()}", flush=True)
     for name in ["gpt2 (Trainer)"] if args.trainer else args.models.split(","):
         ref = run(name, args)
         session.clear_sessions()
         ae.reset_stats()
         t0 = time.perf_counter()
         marks: list = []
-        with ae.adaptive_eager(backend=backend, async_compile=False, adaptive_passthrough=False,
-                               warmup=False):
-            got = run(name, args, marks)
+        with tempfile.TemporaryDirectory() as fresh:
+            cache = {} if args.cache_dir == "default" else {"cache_dir": args.cache_dir or fresh}
+            with ae.adaptive_eager(backend=backend, async_compile=False,
+                                   adaptive_passthrough=False, warmup=False, **cache):
+                got = run(name, args, marks)
         s = ae.stats()
         reasons = sorted({r for rs in s.fallback_reasons.values() for r in rs})
         diff = max(abs(a - b) for a, b in zip(got, ref))
+        fused, ran = s.ops_fused, s.ops_fused + s.ops_eager + s.ops_passthrough  # as _ops
+        steps = {k: v for k, v in s.optimizer_step_kinds.items()}
         print(f"{name:15s} attn={args.attn} backend={args.backend} steps={args.steps} "
-              f"fused={s.fused_share:.0%} ({_later(marks)}) compile_failures={s.compile_failures} "
-              f"max|loss-eager|={diff:.1e} {time.perf_counter() - t0:.0f}s fallbacks={reasons}",
-              flush=True)
+              f"fused={fused / ran:.0%} ({_later(marks)}) compile_failures={s.compile_failures} "
+              f"max|loss-eager|={diff:.1e} {time.perf_counter() - t0:.0f}s\n"
+              f"    compiled={s.regions_compiled} from_disk={s.regions_from_disk} "
+              f"demoted={s.demotions} passed_through={s.ops_passthrough} fallbacks={reasons} "
+              f"optimizer={steps} load={_load()}", flush=True)
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages (the machine is shared)."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

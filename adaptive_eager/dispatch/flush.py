@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import torch
@@ -68,6 +69,14 @@ class Flush:
         self.table = table
         self.bound = bound
         self.strict = strict
+        self._tls = threading.local()  # thread_ns: this thread's CPU time in flushes
+
+    def thread_ns(self) -> int:
+        """The calling thread's CPU time (ns) spent running this mode's windows so far, so
+        that a span timed on the program's thread can leave out the earlier work a flush
+        inside it ran (Note [A step compiles once it has cost enough],
+        dispatch/optim_compile.py)."""
+        return getattr(self._tls, "ns", 0)
 
     def flush(self, reason: str, source: str | None = None, targets: Any = None) -> Verdict | None:
         """Run the open window and bind its live handles; the executor's verdict on it
@@ -93,8 +102,12 @@ class Flush:
             # profiler range, a read) must not reach the read wrappers (observe.py), which,
             # the window being sealed, would see nothing pending and park the mode mid-flush.
             # Entered only with work to do (the contexts cost ~3 µs).
-            with torch._C.DisableTorchFunction(), critical():
-                return self._flush_window(reason, source, vids)
+            t0 = time.thread_time_ns()
+            try:
+                with torch._C.DisableTorchFunction(), critical():
+                    return self._flush_window(reason, source, vids)
+            finally:
+                self._tls.ns = self.thread_ns() + time.thread_time_ns() - t0
 
     def _flush_window(self, reason: str, source: str, vids: list | None) -> Verdict | None:
         """The flush's work, under the lock with torch functions off and interrupts held:

@@ -130,7 +130,7 @@ class StepCompiler:
         self._tls = threading.local()
         # Note [A step compiles once it has cost enough]: optimizer -> its eager steps' ns
         self._spent: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-        self._started: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self._started: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
     # -- hooks ----------------------------------------------------------------------------
     def attach(self, opt: Any, thread_stack: Any) -> None:
@@ -234,6 +234,14 @@ class StepCompiler:
     # the program), and only then is its step traced: a step that never costs that much
     # never pays for a compile; one that does (the demo's AdamW: ~60 ms a step, so from
     # its third step; AdamW over 120 tensors: ~6 ms, from its ~17th) pays at most twice.
+    # A flush inside the span (a full window, a read of a step counter) runs the program's
+    # earlier work too (the backward the window held, a region's synchronous compile), so
+    # the thread's time in flushes is left out (Flush.thread_ns): a captured step costs its
+    # capture and torch.optim's Python, wherever the window boundaries fall. Issue 27: HF
+    # Llama's step (2 windows of 256 ops a step, the second full inside the step) was
+    # charged 20, 9, 59, 12, 14 ms for its first steps (of which flushes 0, 6, 57, 9, 3),
+    # was traced at its 5th step, and the windows around it changed and warmed up again
+    # (8 steps, Inductor: 41% fused instead of ~60%).
     def _cheap(self, opt: Any, mode: Any) -> bool:
         """Whether ``opt``'s steps have cost less than the compile threshold so far (this
         step is then timed, to the post-hook)."""
@@ -241,7 +249,8 @@ class StepCompiler:
         spent = self._spent.get(opt, 0)
         if spent >= after_ns:
             return False
-        self._started[opt] = time.thread_time_ns()
+        flusher = getattr(mode, "flusher", None)
+        self._started[opt] = (time.thread_time_ns(), flusher, flusher.thread_ns() if flusher else 0)
         return True
 
     def _lookup(self, opt: Any, got: Any, service: Any, counters: Any, cls: str,
@@ -285,9 +294,11 @@ class StepCompiler:
 
     def after_step(self, opt: Any) -> None:
         """Our (first) step post-hook: the groups back; a first compiled call checked."""
-        t0 = self._started.pop(opt, None)
-        if t0 is not None:  # Note [A step compiles once it has cost enough]
-            self._spent[opt] = self._spent.get(opt, 0) + time.thread_time_ns() - t0
+        started = self._started.pop(opt, None)
+        if started is not None:  # Note [A step compiles once it has cost enough]
+            t0, flusher, f0 = started
+            flushes = flusher.thread_ns() - f0 if flusher is not None else 0
+            self._spent[opt] = self._spent.get(opt, 0) + max(0, time.thread_time_ns() - t0 - flushes)
         held = self._pending().pop(opt, None)
         if held is None:
             return
@@ -307,7 +318,10 @@ class StepCompiler:
                 _note(counters, entry.cls, f"eager: {Why.FAILED}: compiled step differs from eager")
 
     def _why_not(self, opt: Any, args: tuple, kwargs: dict) -> str | None:
-        if len(args) > 1 or kwargs.get("closure") is not None:
+        # the hook's args hold the optimizer first; ``step(None)`` (accelerate's wrapper,
+        # so every HF Trainer step) passes no closure
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        if closure is not None or len(args) > 2:
             return Why.CLOSURE
         if getattr(opt, "grad_scale", None) is not None or getattr(opt, "found_inf", None) is not None:
             return Why.OPTION + " grad_scale/found_inf (a fused GradScaler step)"

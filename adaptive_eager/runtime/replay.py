@@ -44,6 +44,14 @@ _OpOverload = torch._ops.OpOverload
 _NONE: Mapping[int, tuple[int, ...]] = {}
 
 
+def _returns_list(op: Any) -> bool:
+    """Whether ``op`` returns a list of tensors (a foreach op): one over a single tensor
+    has one output value, which is the list's element, as ``run_node`` stores it (issue
+    27: a one-parameter AdamW step cut by a full window replayed ``[[t]]``)."""
+    schema = getattr(op, "_schema", None)
+    return schema is not None and any(isinstance(r.type, torch._C.ListType) for r in schema.returns)
+
+
 class Unsupported(Exception):
     """A node the generator does not handle: the step keeps run_nodes."""
 
@@ -104,7 +112,7 @@ class _Emitter:
         fresh = [v for v in outs if v is not None and v not in mutated]
         if not fresh:
             self.lines.append(f"        {call}")
-        elif len(outs) == 1:
+        elif len(outs) == 1 and not _returns_list(node.target):
             self.lines.append(f"        v{outs[0]} = {call}")
         else:
             self.lines.append(f"        r = {call}")
