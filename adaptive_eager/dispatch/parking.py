@@ -166,7 +166,8 @@ def import_dynamo() -> None:
     """Import torch._dynamo now (Note [Import Dynamo before capture]), and the compile
     pipeline (Note [The compiled executor is built at the first window],
     runtime/deferred.py); idempotent."""
-    if "torch._dynamo" in sys.modules and "adaptive_eager.runtime.compiled" in sys.modules:
+    if "torch._dynamo" in sys.modules and "adaptive_eager.runtime.compiled" in sys.modules \
+            and __package__ + ".flush" in sys.modules:
         return
     from . import interrupts  # noqa: PLC0415 - a leaf module
     from ..runtime.deferred import import_compiled  # noqa: PLC0415
@@ -175,6 +176,8 @@ def import_dynamo() -> None:
         with interrupts.critical():  # not half-imported by a Ctrl-C (Note [Interrupts wait for the flush])
             import torch._dynamo  # noqa: F401, PLC0415
             import_compiled()
+            # the window's modules (Note [The window is built at the first capture], mode.py)
+            from . import flush, recorder, trace  # noqa: F401, PLC0415
     except Exception:  # noqa: BLE001 - an optional speed-up; the first op imports it anyway
         _PARK_LOG.debug("adaptive_eager: importing torch._dynamo failed", exc_info=True)
 
