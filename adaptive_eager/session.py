@@ -467,7 +467,7 @@ def stats() -> "Stats":
         >>> stats().flushes
         {'item': 1}
     """
-    from .statistics import snapshot  # noqa: PLC0415 - Note [Nothing of capture at enable()]
+    from .statistics import snapshot  # noqa: PLC0415 - when asked (Note [The window is built at the first capture])
 
     return snapshot(_COUNTERS)
 
