@@ -28,7 +28,7 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -37,14 +37,17 @@ from ._logging import log
 from .config import Options
 from .dispatch import AdaptiveEagerMode, MetaMemo, Observer, OpTable
 from .dispatch import interrupts, parking
-from .dispatch.trace import TraceBook
 from .dispatch.kernel_state import install as install_state_setters
 from .dispatch.opaque import install as install_opaque_calls
 from .dispatch.source import user_source
-from .runtime import Counters, DeferPolicy, Executor, make_executor
+from .runtime import Counters, DeferPolicy, make_executor
 from .exit_report import report_at_exit
-from .statistics import Stats, snapshot
 from .reasons import R
+
+if TYPE_CHECKING:
+    from .dispatch.trace import TraceBook
+    from .runtime import Executor
+    from .statistics import Stats
 
 # Note [Process-wide registries]
 # _COUNTERS (what stats() reports) and _SESSIONS (caches per Options) are the
@@ -105,17 +108,28 @@ class Session:
     policy: DeferPolicy
     table: OpTable = field(default_factory=OpTable)
     memo: MetaMemo | None = None
-    traces: TraceBook | None = None  # recurring windows' traces (dispatch/trace.py)
+    traces: "TraceBook | None" = None  # recurring windows' traces (dispatch/trace.py)
+    _traces_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def new_mode(self) -> AdaptiveEagerMode:
         if self.memo is None:
             self.memo = MetaMemo(self.options.meta_cache_size, self.counters)
-            self.traces = TraceBook(self.options.window_size)
         mode = AdaptiveEagerMode(self.options, self.executor, self.counters, self.policy,
-                                 self.table, self.memo, self.traces)
+                                 self.table, self.memo, self.trace_book)
         with _MODES_LOCK:
             _MODES.add(mode)
         return mode
+
+    def trace_book(self) -> "TraceBook":
+        """The session's traces, made when a mode of it first builds its window (Note
+        [The window is built at the first capture], dispatch/mode.py)."""
+        with self._traces_lock:
+            if self.traces is None:
+                from .dispatch.trace import TraceBook  # noqa: PLC0415
+
+                self.traces = TraceBook(self.options.window_size)
+            return self.traces
+
 
 
 def _global_state_changed(name: str, dtype_changed: bool) -> None:
@@ -440,7 +454,7 @@ def sync() -> None:
         parking.safe_point(mode, parking.At.CALL)  # between the program's torch calls
 
 
-def stats() -> Stats:
+def stats() -> "Stats":
     """A frozen snapshot of the runtime's statistics (all threads, since the last reset).
 
     Example::
@@ -453,6 +467,8 @@ def stats() -> Stats:
         >>> stats().flushes
         {'item': 1}
     """
+    from .statistics import snapshot  # noqa: PLC0415 - when asked (Note [The window is built at the first capture])
+
     return snapshot(_COUNTERS)
 
 

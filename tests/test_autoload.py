@@ -236,3 +236,59 @@ def test_neuron_sim_from_env_with_device_auto_and_launch_model(tmp_path):
     assert lines["main"] == "LazyTensor neuron [2.0, 2.0]"
     assert lines["launch"] == "50.0 False"
     assert lines["device"].startswith("neuron (device=auto"), lines["device"]
+
+
+SHORT = textwrap.dedent('''
+    import sys
+    import torch
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    for i in range(2):
+        y = (x * 2 + 1).relu().sum(0).softmax(0) - x.mean()
+        z = y.exp().log1p().tanh()
+    print("value", repr(float(z.sum())))
+    loaded = set(m for m in sys.modules if m.startswith("adaptive_eager") or m == "torch._dynamo")
+    print("loaded", sorted(loaded))
+    from adaptive_eager import session
+    mode = session.current_mode()
+    print("idle", mode is not None and mode.flusher is None and len(mode.recorder) == 0)
+''')
+
+# Modules of capture: the window (recorder, flush, traces), the compile pipeline, the
+# compiled optimizer step, stats and Dynamo (Note [The window is built at the first
+# capture], dispatch/mode.py; Note [The step compiler is imported at the first step],
+# dispatch/parking.py).
+CAPTURE_MODULES = {
+    "adaptive_eager.dispatch.recorder", "adaptive_eager.dispatch.builder",
+    "adaptive_eager.dispatch.flush", "adaptive_eager.dispatch.trace",
+    "adaptive_eager.dispatch.match", "adaptive_eager.dispatch.optim_compile",
+    "adaptive_eager.runtime.compiled", "adaptive_eager.runtime.executor",
+    "adaptive_eager.runtime.windows", "adaptive_eager.fusion.partition",
+    "adaptive_eager.fusion.signature", "adaptive_eager.statistics", "torch._dynamo",
+}
+_ROOT = str(Path(__file__).resolve().parents[1])  # this checkout, not the installed copy
+
+
+def test_a_short_script_that_never_captures_imports_nothing_of_capture(tmp_path):
+    plain = run_script(tmp_path, {}, script=SHORT)
+    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_WARMUP": "1"}, script=SHORT,
+                   pythonpath=_ROOT)
+    assert r.returncode == 0, r.stderr
+    out = _lines(r.stdout)
+    assert out["value"] == _lines(plain.stdout)["value"]       # eager's value
+    loaded = set(eval(out["loaded"]))
+    assert "adaptive_eager.dispatch.mode" in loaded              # it ran under the runtime
+    assert out["idle"] == "True"                                 # its window was never built
+    assert loaded & CAPTURE_MODULES == set()
+
+
+def test_capture_builds_the_window_and_imports_it(tmp_path):
+    plain = run_script(tmp_path, {}, script=SHORT)
+    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager"},
+                   script=SHORT, pythonpath=_ROOT)  # run_script: warm-up off, capture at once
+    assert r.returncode == 0, r.stderr
+    out = _lines(r.stdout)
+    assert out["value"] == _lines(plain.stdout)["value"]
+    loaded = set(eval(out["loaded"]))
+    assert {"adaptive_eager.dispatch.recorder", "adaptive_eager.dispatch.flush",
+            "adaptive_eager.dispatch.trace", "torch._dynamo"} <= loaded
+    assert out["idle"] == "False"

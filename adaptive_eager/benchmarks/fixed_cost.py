@@ -10,7 +10,10 @@ checkouts in one run; without it, the tree this benchmark was imported from is m
 plain; measured +277 ms at df9abda (load average 6.8), most of it importing the runtime
 (networkx alone ~180 ms); +115 ms once networkx was gone and the compile pipeline was
 imported only where capture is decided (load average 10.2; the rest is the dispatch
-layer's own modules and the parts of the runtime it imports at module level).
+layer's own modules and the parts of the runtime it imports at module level). With the
+window built at the first capture (Note [The window is built at the first capture],
+dispatch/mode.py; ``--rounds 11 --tree /work/main --tree .``, load average 7.7-10.2):
++80 -> -9 ms with bytecode cached, +107 -> +21 ms with ``--bytecode none``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,22 @@ print(float(z.sum()))
 """
 
 
+# Note [Bytecode is cached, as a user's Python does]
+# Python writes each module's compiled bytecode next to its source (__pycache__) on its
+# first import and reads it back afterwards, so a user pays for compiling this package's
+# ~80 modules once, not per run. This machine's environment sets PYTHONDONTWRITEBYTECODE=1,
+# which made every timed run compile them again: ~90 ms of the +111 ms measured at
+# eba932d (load average ~7: import of the package 150 ms CPU without bytecode, 56-69 ms
+# with). So by default the children run with bytecode written and read (the variable
+# removed) after one untimed run of each variant; ``--bytecode none`` measures a process
+# that compiles every module it imports, as before.
+def _env_for(bytecode: str, env: dict) -> dict:
+    env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if bytecode == "none":
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
 def _cpu_s(path: str, env: dict) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([sys.executable, path], env=env, check=True, stdout=subprocess.DEVNULL)
@@ -43,10 +62,15 @@ def _cpu_s(path: str, env: dict) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--bytecode", choices=("cached", "none"), default="cached",
+                    help="cached: as a user's Python runs (bytecode kept in __pycache__, one "
+                         "untimed run first); none: every run compiles the sources "
+                         "(PYTHONDONTWRITEBYTECODE=1)")
     ap.add_argument("--tree", action="append", default=[],
                     help="a source tree to run ADAPTIVE_EAGER=1 from (repeatable); default: this one")
     args = ap.parse_args(argv)
     base = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTIVE_EAGER")}
+    base = _env_for(args.bytecode, base)
     variants = {"plain": base}
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for tree in args.tree or [here]:
@@ -59,12 +83,15 @@ def main(argv: list[str] | None = None) -> None:
         path = os.path.join(d, "twenty_ops.py")
         with open(path, "w") as f:
             f.write(SCRIPT)
+        if args.bytecode == "cached":
+            for env in variants.values():
+                _cpu_s(path, env)  # writes the bytecode; not timed
         for _ in range(args.rounds):
             for name, env in variants.items():
                 times[name].append(_cpu_s(path, env))
     plain = statistics.median(times["plain"])
-    print(f"20-op script, median CPU of {args.rounds} interleaved runs, load average "
-          f"{os.getloadavg()[0]:.1f}")
+    print(f"20-op script, median CPU of {args.rounds} interleaved runs, bytecode "
+          f"{args.bytecode}, load average {os.getloadavg()[0]:.1f}")
     for name, ts in times.items():
         med = statistics.median(ts)
         extra = "" if name == "plain" else f"  ({(med - plain) * 1e3:+.0f} ms over plain)"

@@ -40,6 +40,7 @@ import torch
 
 from ..fusion.ir import OpNode, TensorSpec, ValueRef, Window
 from ..fusion.slicing import needed_nodes
+from .answers import OutputMismatch
 from .exported import Exported, exported_input
 from .keys import plain_strided
 from .lazy import LazyTensor, Owner, contiguous_strides, new_handle
@@ -152,10 +153,6 @@ class Sealed:
     sids: dict[int, int]
     floats: list
     failed: dict[int, BaseException]
-
-
-class OutputMismatch(Exception):
-    """An in-place/out= op would change a tensor's metadata: must run for real."""
 
 
 class WindowBuilder:

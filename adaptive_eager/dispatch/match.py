@@ -39,6 +39,7 @@ import torch
 from ..fusion.ir import OpNode, ValueRef, Window
 from ..fusion.scalars import lift_rule
 from ..fusion.signature import freeze
+from .answers import MISS  # an emitter's answer when the op is not the node it expects
 from .lazy import LazyTensor
 from .optable import OpTraits
 
@@ -46,15 +47,6 @@ _get_default_dtype = torch.get_default_dtype
 _F64 = struct.Struct("<d")
 _INT_LISTS = ("int[", "SymInt[", "bool[")  # schema types whose lists box only ints (bools)
 
-
-class _Miss:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "MISS"
-
-
-MISS: Any = _Miss()  # an emitter's answer when the op is not the node it expects
 
 # Template tags: what one argument of a node was when it was recorded (SAME: an input
 # first seen by an earlier argument of the same node).

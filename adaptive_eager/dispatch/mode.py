@@ -30,7 +30,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -38,21 +38,22 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..config import Options
 from ..fusion.policy import fixed_shape_call, without_dropout
 from ..reasons import STRICT_FALLBACKS, SYNC_OPS, R, StrictModeError
-from ..runtime import Counters, DeferPolicy, Executor
+from ..runtime import Counters, DeferPolicy
 from ..runtime.memory import window_budget
 from .dynamo import dynamo_aware
 from .exported import Exported
-from .flush import Flush
 from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, unwrap_all
 from .lazy import has_unbound as _has_unbound
-from .match import MISS
+from .answers import MISS, OutputMismatch
 from .meta import MetaFailure, MetaMemo
 from .optable import Kind, OpTable, OpTraits, raise_if_out_of_range
-from .recorder import OutputMismatch, Recorder
 from .release import BoundHandles
 from .source import user_source
-from .trace import TraceBook
+
+if TYPE_CHECKING:
+    from ..runtime import Executor
+    from .trace import TraceBook
 
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _get_infra_mode = torch._C._get_dispatch_mode
@@ -94,7 +95,8 @@ class AdaptiveEagerMode(TorchDispatchMode):
 
     def __init__(self, options: Options, executor: Executor, counters: Counters,
                  policy: DeferPolicy | None = None, table: OpTable | None = None,
-                 memo: MetaMemo | None = None, traces: TraceBook | None = None):
+                 memo: MetaMemo | None = None,
+                 traces: "TraceBook | Callable[[], TraceBook] | None" = None):
         super().__init__()
         self.options = options
         self.executor = executor
@@ -116,16 +118,14 @@ class AdaptiveEagerMode(TorchDispatchMode):
         self.bound = BoundHandles(counters)  # Note [Releasing bound handles] (release.py)
         self.memo = memo if memo is not None else MetaMemo(options.meta_cache_size, counters)
         self.lock = threading.RLock()
-        # The session's traces of recurring windows (dispatch/trace.py); a mode made on its
-        # own keeps its own. None with fast_path off: every window is recorded.
-        if options.fast_path and traces is None:
-            traces = TraceBook(options.window_size)
-        self.traces = traces if options.fast_path else None
-        self.recorder = Recorder(torch.device(options.device), self.memo, owner=self,
-                                 book=self.traces)
-        self.flusher = Flush(lock=self.lock, builder=self.recorder, executor=executor,
-                             counters=counters, memo=self.memo, traces=self.traces,
-                             table=self.table, bound=self.bound, strict=self._strict)
+        # The session's traces of recurring windows (dispatch/trace.py), or what makes
+        # them; a mode made on its own keeps its own. None with fast_path off: every
+        # window is recorded. Built with the window (Note [The window is built at the
+        # first capture]).
+        self._traces_from = traces
+        self.traces: TraceBook | None = None
+        self.recorder: Any = IDLE
+        self.flusher: Any = None
         self._handlers = {
             Kind.RECORD: self._on_record,
             Kind.VIEW: self._on_view,
@@ -135,10 +135,38 @@ class AdaptiveEagerMode(TorchDispatchMode):
             Kind.RANDOM: self._on_random,
         }
 
+    def build_window(self) -> None:
+        """Make the window's recorder and flush now (Note [The window is built at the
+        first capture]); idempotent."""
+        if self.flusher is not None:
+            return
+        from .flush import Flush  # noqa: PLC0415 - the point of building it here
+        from .recorder import Recorder  # noqa: PLC0415
+        from .trace import TraceBook  # noqa: PLC0415
+
+        with self.lock:
+            if self.flusher is not None:
+                return
+            options, traces = self.options, self._traces_from
+            if callable(traces):
+                traces = traces()
+            if options.fast_path and traces is None:
+                traces = TraceBook(options.window_size)
+            self.traces = traces if options.fast_path else None
+            recorder = Recorder(torch.device(options.device), self.memo, owner=self,
+                                book=self.traces)
+            self.flusher = Flush(lock=self.lock, builder=recorder, executor=self.executor,
+                                 counters=self.counters, memo=self.memo, traces=self.traces,
+                                 table=self.table, bound=self.bound, strict=self._strict)
+            self.recorder = recorder
+
     # -- flushing -------------------------------------------------------------------
     def flush(self, reason: str, source: str | None = None, targets: Any = None) -> None:
         """Run the open window and bind its live handles (:meth:`Flush.flush
-        <adaptive_eager.dispatch.flush.Flush.flush>`); its verdict goes to the policy."""
+        <adaptive_eager.dispatch.flush.Flush.flush>`); its verdict goes to the policy.
+        Before the window is built nothing is pending: nothing to do."""
+        if self.flusher is None:
+            return
         with self.lock:
             verdict = self.flusher.flush(reason, source, targets)
             if verdict is not None:
@@ -204,10 +232,14 @@ class AdaptiveEagerMode(TorchDispatchMode):
             if policy.seeding:  # Note [Seeding the memo from real runs] (meta.py)
                 out = func(*args, **kwargs)
                 policy.seeded()
+                if self.flusher is None:
+                    self.build_window()
                 self.recorder.seed(func, self._traits.get(func) or self.table.traits(func),
                                    args, kwargs, out)
                 return out
             return func(*args, **kwargs)
+        if self.flusher is None:
+            self.build_window()  # deferring from here on: Note [The window is built at the first capture]
         first = args[0] if args else None
         traits = self._traits.get(func)
         if traits is None:
@@ -452,6 +484,42 @@ class AdaptiveEagerMode(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+# Note [The window is built at the first capture]
+# ``ADAPTIVE_EAGER=1`` enters a mode in every process, and most short scripts never
+# capture an op: the policy warms up parked, then measures with ops passing through the
+# mode, and parks for good. The window's machinery (the recorder and its trace matching,
+# the flush, and through them the fusion signatures and scalar lifting: ~10 ms CPU of the
+# ~55 ms that enabling cost, measured with benchmarks.fixed_cost's 20-op script) is needed
+# only once an op is deferred or the memo seeded. So a mode starts with IDLE as its
+# recorder (an empty window: what everything that asks a mode "is anything pending?"
+# reads) and no flush, and builds both at its first deferred op or seeded op
+# (``build_window``); the modules are imported earlier, where capture is decided, with
+# Dynamo (parking.import_dynamo), so a window rarely pays the import.
+class _IdleWindow:
+    """The recorder of a mode whose window is not built yet: always empty."""
+
+    __slots__ = ()
+    next = None  # no trace node expected
+    at = None
+    book = None
+    nodes: tuple = ()
+
+    def __len__(self) -> int:
+        return 0
+
+    def vid_of(self, t: Any) -> None:
+        return None
+
+    def holds(self, t: Any) -> bool:
+        return False
+
+    def dropped_bytes(self) -> int:
+        return 0
+
+
+IDLE = _IdleWindow()
+
+
 @functools.lru_cache(maxsize=None)
 def _as_record(traits: OpTraits) -> OpTraits:
     return dataclasses.replace(traits, kind=Kind.RECORD, dropout_arg=None)
@@ -488,4 +556,4 @@ def _tensors(args: tuple, kwargs: dict) -> list:
     return out
 
 
-__all__ = ["AdaptiveEagerMode"]
+__all__ = ["AdaptiveEagerMode", "IDLE"]

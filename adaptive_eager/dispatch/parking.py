@@ -38,7 +38,6 @@ from .._logging import artifact_logger
 from ..hooks import HOOKS, Hook
 from .optim import restore as restore_foreach
 from .optim import use_foreach
-from .optim_compile import STEPS
 from .source import user_source
 from ..reasons import R
 from ..runtime.phases import (ACT_CAPTURE, ACT_PARK, ACT_UNPARK, AT_BLOCK, AT_MODULE, AT_READ, AT_STEP,
@@ -167,7 +166,8 @@ def import_dynamo() -> None:
     """Import torch._dynamo now (Note [Import Dynamo before capture]), and the compile
     pipeline (Note [The compiled executor is built at the first window],
     runtime/deferred.py); idempotent."""
-    if "torch._dynamo" in sys.modules and "adaptive_eager.runtime.compiled" in sys.modules:
+    if "torch._dynamo" in sys.modules and "adaptive_eager.runtime.compiled" in sys.modules \
+            and __package__ + ".flush" in sys.modules:
         return
     from . import interrupts  # noqa: PLC0415 - a leaf module
     from ..runtime.deferred import import_compiled  # noqa: PLC0415
@@ -176,6 +176,8 @@ def import_dynamo() -> None:
         with interrupts.critical():  # not half-imported by a Ctrl-C (Note [Interrupts wait for the flush])
             import torch._dynamo  # noqa: F401, PLC0415
             import_compiled()
+            # the window's modules (Note [The window is built at the first capture], mode.py)
+            from . import flush, recorder, trace  # noqa: F401, PLC0415
     except Exception:  # noqa: BLE001 - an optional speed-up; the first op imports it anyway
         _PARK_LOG.debug("adaptive_eager: importing torch._dynamo failed", exc_info=True)
 
@@ -188,6 +190,24 @@ def end_warmup(mode: Any, why: str, source: str | None) -> None:
         mode.counters.warmup_ended = f"{why} at {source}"
         mode.counters.note_phase("warm-up ended", f"{why} at {source}")
         _PARK_LOG.debug("warm-up ended: %s at %s; capturing from now", why, source)
+
+
+# Note [The step compiler is imported at the first step]
+# The compiled optimizer step (dispatch/optim_compile.py) brings its tracing, the compile
+# worker's client, the first-call checks and the backends table (~5 ms CPU of the ~55 ms
+# that enabling cost, measured with benchmarks.fixed_cost's 20-op script): a program that
+# never steps a torch.optim optimizer under the runtime needs none of it. So it is
+# imported at the first step that starts while a runtime is active in the thread;
+# before that, no optimizer can have param groups to give back.
+def _steps(load: bool = True) -> Any:
+    """The process's step compiler (``optim_compile.STEPS``); None if ``load`` is False
+    and it was never imported (Note [The step compiler is imported at the first step])."""
+    module = sys.modules.get(__package__ + ".optim_compile")
+    if module is None:
+        if not load:
+            return None
+        from . import optim_compile as module  # noqa: PLC0415
+    return module.STEPS
 
 
 class SafePoints:
@@ -260,11 +280,13 @@ class SafePoints:
         left = switched.pop(opt, None)
         if left:  # the last step raised before its post hook ran
             restore_foreach(left)
-        STEPS.give_back(opt)  # likewise (Note [The optimizer step as one compiled unit])
+        steps = _steps(load=False)
+        if steps is not None:
+            steps.give_back(opt)  # likewise (Note [The optimizer step as one compiled unit])
         self._stepping().add(opt)  # Note [Probes come between optimizer steps]
         st = self.thread_stack()
         if st:
-            STEPS.attach(opt, self.thread_stack)  # its step may run compiled (dispatch/optim_compile.py)
+            _steps().attach(opt, self.thread_stack)  # its step may run compiled (dispatch/optim_compile.py)
         if st and not st[-1][0]._parked:  # parked: the program's own optimizer, as eager
             groups = use_foreach(opt)
             if groups:
@@ -274,7 +296,9 @@ class SafePoints:
     def restore_foreach(self) -> None:
         """Every group this thread switched and did not restore yet gets foreach=None back
         (and every optimizer whose compiled step did not end its param groups)."""
-        STEPS.give_back()
+        steps = _steps(load=False)
+        if steps is not None:
+            steps.give_back()
         switched = getattr(self._tls, "foreach", None)
         while switched:
             _, groups = switched.popitem()

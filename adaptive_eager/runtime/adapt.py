@@ -40,13 +40,11 @@ from typing import Any, Callable
 import torch
 
 from ..fusion.policy import fusible
-from .executor import Verdict
 from .occupancy import DEVICE_BOUND_SHARE, Occupancy, backlog_probe, device_clock, span_cost
-from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, GROWING_REASON, RESHAPED_REASON,
-                       RESHAPED_STREAK, RESHAPED_WEIGHT, Tally)
+from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, CAPTURE_NS_PER_OP, GROWING_REASON,
+                       RESHAPED_REASON, RESHAPED_STREAK, RESHAPED_WEIGHT, Tally, Verdict)
 from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_MODULE, AT_READ,
                      AT_STEP, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded)
-from .windows import CAPTURE_NS_PER_OP
 
 # -- the session's pass-through policy ------------------------------------------------------
 # Note [Probes are paid for]

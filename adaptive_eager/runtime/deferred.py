@@ -26,11 +26,13 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .counters import Counters
-from .executor import FlushResult, Known
-from ..fusion.ir import Window
+
+if TYPE_CHECKING:
+    from .executor import FlushResult, Known
+    from ..fusion.ir import Window
 
 
 class DeferredExecutor:

@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..fusion.ir import OpNode, Window, map_refs
 from ..fusion.liveness import release_after
+from .verdicts import Verdict  # noqa: F401 - re-exported: a flush result carries one
 
 _K = torch._C.DispatchKey
 _AUTOCAST_KEYS = torch._C.DispatchKeySet(_K.AutocastCPU)
@@ -119,30 +120,6 @@ def run_window(window: Window) -> dict[int, torch.Tensor]:
         run_nodes(window, range(len(window.nodes)), env,
                   release_after(window.nodes, range(len(window.nodes)), window.outputs))
     return {vid: env[vid] for vid in window.outputs}
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What one flushed window says about deferring (weighed by ``adapt.DeferPolicy``).
-
-    ``ops``: its size; ``worth``: it held a region that is (or may become) compiled and
-    pays for its capture; ``novel``: a first sighting (worth unknown yet); ``reshaped``: a
-    first sighting of ops seen lately on other shapes; ``pending``: its regions are
-    compiling (Note [Waiting for compiles runs eagerly]); ``eager_ns`` / ``capture_ns``:
-    its eager run and its capture (first op to flush) when it was replayed eagerly and
-    timed (Note [Windows that cannot pay stop deferral], runtime/verdicts.py); ``grew``: a
-    reshaped window whose values are each at least as large as last time (a growing
-    sequence, Note [Growing windows stay eager under forced capture]).
-    """
-
-    ops: int
-    worth: bool = False
-    novel: bool = False
-    reshaped: bool = False
-    pending: bool = False
-    eager_ns: int | None = None
-    capture_ns: int | None = None
-    grew: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from .windows import CAPTURE_NS_PER_OP
+from .verdicts import CAPTURE_NS_PER_OP
 
 
 def backlog_probe(device_type: str) -> Callable[[], int] | None:

@@ -17,7 +17,46 @@ Example::
 
 from __future__ import annotations
 
-from .executor import Verdict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one flushed window says about deferring (weighed by ``adapt.DeferPolicy``).
+
+    ``ops``: its size; ``worth``: it held a region that is (or may become) compiled and
+    pays for its capture; ``novel``: a first sighting (worth unknown yet); ``reshaped``: a
+    first sighting of ops seen lately on other shapes; ``pending``: its regions are
+    compiling (Note [Waiting for compiles runs eagerly]); ``eager_ns`` / ``capture_ns``:
+    its eager run and its capture (first op to flush) when it was replayed eagerly and
+    timed (Note [Windows that cannot pay stop deferral], runtime/verdicts.py); ``grew``: a
+    reshaped window whose values are each at least as large as last time (a growing
+    sequence, Note [Growing windows stay eager under forced capture]).
+    """
+
+    ops: int
+    worth: bool = False
+    novel: bool = False
+    reshaped: bool = False
+    pending: bool = False
+    eager_ns: int | None = None
+    capture_ns: int | None = None
+    grew: bool = False
+
+
+# Note [Capture must cost less than the work]
+# Fusion pays back at most the window's eager time, while capturing costs about
+# CAPTURE_NS_PER_OP per op in Python (measured: ~15-20 µs/op on this 2-core CPU,
+# benchmarks/README.md). A window whose ops run faster eagerly than that (hidden size
+# 32, many tiny ops) cannot win however well it fuses: it counts as not worth
+# deferring, whatever the partitioner thinks of its regions. Once a window recurs, the
+# executor also measures it: the wall time from its first captured op to the end of its
+# run must be below its eager time, or it does not count as worth it. (That span also
+# holds the program's own Python between ops, which eager spends too: the test errs
+# towards passing through.) It lives here, with Verdict, so that the policy imports
+# neither the executor nor the window log (Note [The window is built at the first
+# capture], dispatch/mode.py).
+CAPTURE_NS_PER_OP = 15_000
 
 # How many novel windows one "reshaped" novel window counts for (Tally.weigh):
 # with novel_patience 48, a first sighting and two reshaped ones stop deferral.

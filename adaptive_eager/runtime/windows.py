@@ -28,19 +28,9 @@ from typing import Any, Hashable
 import cachetools
 
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
-from .executor import Verdict
+from .verdicts import CAPTURE_NS_PER_OP, Verdict
 
-# Note [Capture must cost less than the work]
-# Fusion pays back at most the window's eager time, while capturing costs about
-# CAPTURE_NS_PER_OP per op in Python (measured: ~15-20 µs/op on this 2-core CPU,
-# benchmarks/README.md). A window whose ops run faster eagerly than that (hidden size
-# 32, many tiny ops) cannot win however well it fuses: it counts as not worth
-# deferring, whatever the partitioner thinks of its regions. Once a window recurs, the
-# executor also measures it: the wall time from its first captured op to the end of its
-# run must be below its eager time, or it does not count as worth it. (That span also
-# holds the program's own Python between ops, which eager spends too: the test errs
-# towards passing through.)
-CAPTURE_NS_PER_OP = 15_000
+# Note [Capture must cost less than the work]: runtime/verdicts.py, with CAPTURE_NS_PER_OP.
 
 def pays_for_capture(eager_ns: float, n_ops: int) -> bool:
     """Whether a window whose eager run took ``eager_ns`` is worth capturing."""
