@@ -283,6 +283,42 @@ def run_demo(steps: int | None = None, backend: str = "inductor", size: str = "s
                       format_report(stats))
 
 
+SLOW_STEP = 1.3  # issue 22: no adaptive step above this many eager steps, after the first two
+
+
+def slow_steps(result: "DemoResult", factor: float = SLOW_STEP) -> list[int]:
+    """The adaptive run's steps (1-based) after its first two whose wall time is above
+    ``factor`` times the eager run's median step."""
+    walls = result.eager.step_wall
+    median = sorted(walls)[len(walls) // 2] if walls else 0.0
+    return [i + 1 for i, t in enumerate(result.adaptive.step_wall) if i >= 2 and t > factor * median]
+
+
+def record(result: "DemoResult") -> dict:
+    """Both runs' per-step times and the figures the summary prints, as plain data
+    (``adaptive-eager demo --json FILE`` writes it).
+
+    Example::
+
+        >>> r = run_demo(steps=3, backend="eager", size="tiny", out=None)  # doctest: +SKIP
+        >>> sorted(record(r))  # doctest: +SKIP
+        ['adaptive', 'eager', 'slow_steps', 'stats', 'threads', 'title']
+    """
+    def run(r: RunResult) -> dict:
+        return {"step_wall_s": list(r.step_wall), "step_cpu_s": list(r.step_cpu),
+                "wall_s": r.wall_s, "cpu_s": r.cpu_s, "children_cpu_s": r.children_cpu_s,
+                "load": list(r.load), "ready_step": r.ready_step, "losses": list(r.losses)}
+
+    s = result.stats
+    return {"title": result.title, "threads": result.threads, "eager": run(result.eager),
+            "adaptive": run(result.adaptive), "slow_steps": slow_steps(result),
+            "stats": {"regions_compiled": s.regions_compiled, "regions_from_disk": s.regions_from_disk,
+                      "compiles_in_flight": s.compiles_in_flight,
+                      "compile_latency_max_s": s.compile_latency_max_s,
+                      "compiled_calls": s.compiled_calls,
+                      "optimizer_steps_compiled": s.optimizer_steps_compiled}}
+
+
 def _cpu_text(run: RunResult) -> str:
     if run.children_cpu_s:
         return f"{run.cpu_s:.1f} s CPU (+ {run.children_cpu_s:.1f} s in the compile worker)"
@@ -348,6 +384,11 @@ def summarize(result: DemoResult) -> str:
     lines.append(f"per step         eager {ew:.1f} ms wall, {ec:.1f} ms CPU; adaptive {aw:.1f} ms "
                  f"wall, {ac:.1f} ms CPU; speedup {_ratio(ew, aw)} wall, {_ratio(ec, ac)} CPU  "
                  f"(medians of {which})")
+    slow = slow_steps(result)
+    shown = ", ".join(f"{i} ({1e3 * a.step_wall[i - 1]:.0f} ms)" for i in slow[:8])
+    lines.append(f"slow steps       {len(slow)} adaptive step{'' if len(slow) == 1 else 's'} after the "
+                 f"first two above {SLOW_STEP}x eager's median step ({e.median_ms(e.step_wall, 0):.1f} ms)"
+                 + (f": {shown}" + (", ..." if len(slow) > 8 else "") if slow else ""))
     lines.append("")  # where the time went: in the report, printed next
     return "\n".join(lines)
 
@@ -408,4 +449,5 @@ def plot(result: DemoResult, path: str) -> None:
 
 
 __all__ = ["SIZES", "DEFAULT_STEPS", "Job", "build", "train", "run_demo", "summarize", "plot",
+           "record", "slow_steps", "SLOW_STEP",
            "pyplot", "agreement_line", "DemoResult", "RunResult", "PlotUnavailable", "GPT"]

@@ -111,3 +111,20 @@ def test_readme_shows_the_current_demo_output():
                   "fused ", "machine ", "whole run ", "per step ", "Where the time went",
                   "  capture ", "  eager replay ", "  compiled regions ", "  in short "):
         assert label in block, label
+
+
+def test_cli_demo_json_has_each_steps_times_and_the_slow_steps(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "demo.json"
+    rc = cli.main(["demo", "--size", "tiny", "--backend", "eager", "--steps", "4",
+                   "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and f"per-step times written to {out}" in text
+    rec = json.loads(out.read_text())
+    assert len(rec["eager"]["step_wall_s"]) == len(rec["adaptive"]["step_cpu_s"]) == 4
+    median = sorted(rec["eager"]["step_wall_s"])[2]
+    slow = [i + 1 for i, t in enumerate(rec["adaptive"]["step_wall_s"]) if i >= 2 and t > 1.3 * median]
+    assert rec["slow_steps"] == slow
+    assert f"slow steps       {len(slow)} adaptive step" in text
+    assert set(rec["stats"]) >= {"regions_from_disk", "regions_compiled", "compile_latency_max_s"}
