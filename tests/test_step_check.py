@@ -126,3 +126,21 @@ def test_written_inputs_and_a_check_that_differs():
     p.add_(g)
     problem = BesideCheck.verdict(c.compare(called, [p, g], copies, written=[0], exact=False))
     assert problem is not None and "optimizer step input 0" in problem[0]
+
+
+def test_the_clones_are_made_on_both_threads_and_equal_their_tensors(monkeypatch):
+    from adaptive_eager.runtime import step_check
+
+    made_on: list = []
+    real = step_check.clone_strided
+
+    def spy(t):
+        made_on.append(threading.current_thread().name)
+        return real(t)
+
+    monkeypatch.setattr(step_check, "clone_strided", spy)
+    ts = [torch.randn(64, 64), torch.randn(64, 64).t(), torch.randn(16), torch.arange(5.0)[:, None].expand(5, 3)]
+    copies = BesideCheck().clone(ts)
+    assert all(torch.equal(a, b) and a.stride() == b.stride() and a.data_ptr() != b.data_ptr()
+               for a, b in zip(ts, copies))
+    assert set(made_on) == {threading.current_thread().name, "adaptive_eager-check"}, made_on

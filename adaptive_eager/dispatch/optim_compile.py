@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..runtime.backends import is_debugging
 from ..runtime.cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
-from ..runtime.checks import clone_strided, close
+from ..runtime.checks import close
 from ..runtime.compile_worker import THREADS_META
 from ..runtime.first_call import on_host
 from ..runtime.optim_fast import KnownStep
@@ -431,9 +431,9 @@ class StepCompiler:
                     ok, copies = self._call_via_host(entry, service, inputs, rest, counters, cls)
                     called = None
                 else:
-                    with torch.no_grad(), _disable_current_modes():  # real copies, not captured ones
-                        copies = [clone_strided(t) for t in inputs]
                     # Note [The first compiled step is checked beside the program]
+                    with _disable_current_modes():  # real copies, not captured ones
+                        copies = self._beside.clone(inputs)
                     written = written_inputs(entry.program.gm)
                     read_only = [i for i in range(len(inputs)) if i not in written]
                     called = self._beside.call(entry.region.fn, copies + rest, read_only)

@@ -10,7 +10,9 @@ parameters cloned 286 MB, called the compiled step on the copies and compared 72
 against 0.17 s for a whole eager step (one thread, load average 5.8; /tmp/wt45 timeline in
 the commit that added this). ATen kernels release the GIL, so the call and the comparison
 run as well on a daemon thread, on the core the program does not use, while the program
-goes on; only the clones stay on its thread (eager's step writes the real tensors next).
+goes on. The clones must exist before eager's step writes the real tensors, so the program
+waits for them, but makes them with the checker thread: each clones about half the bytes
+(:meth:`BesideCheck.clone`), on both cores when the machine has one to spare.
 
 What each part checks, and why the result stays eager's:
 - the inputs the traced step writes (params, optimizer state: :func:`written_inputs`, from
@@ -43,7 +45,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..reasons import R
-from .checks import bits_hash, close
+from .checks import bits_hash, clone_strided, close
 from .compiler import DaemonThread
 
 
@@ -85,6 +87,25 @@ class BesideCheck:
     def __init__(self) -> None:
         self._thread = DaemonThread("adaptive_eager-check")
 
+    def clone(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Copies of ``inputs`` (:func:`~.checks.clone_strided`), made by this thread and the
+        checker's, about half the bytes each; returns once all are made."""
+        theirs: list[int] = []
+        mine = their_bytes = 0
+        for i in sorted(range(len(inputs)), key=lambda i: -inputs[i].nbytes):
+            if their_bytes < mine:
+                theirs.append(i)
+                their_bytes += inputs[i].nbytes
+            else:
+                mine += inputs[i].nbytes
+        made = self._thread.submit(_clones, [inputs[i] for i in theirs])
+        skip = set(theirs)
+        with torch.no_grad():
+            copies = [None if i in skip else clone_strided(t) for i, t in enumerate(inputs)]
+        for i, c in zip(theirs, made.result()):  # the GIL is released while it waits
+            copies[i] = c
+        return copies  # type: ignore[return-value]
+
     def call(self, fn: Callable, args: Sequence[Any], read_only: Sequence[int]) -> cf.Future:
         """``fn(*args)`` (args: copies, then constants), checking that it leaves the copies
         at ``read_only`` bit for bit as they were."""
@@ -105,6 +126,11 @@ class BesideCheck:
         except Exception as e:  # noqa: BLE001 - a check that broke: the step stays eager
             return (f"{R.COMPILED_OUTPUTS_DIFFER}: the check failed: {type(e).__name__}: {e}",
                     "compiled step differs from eager")
+
+
+def _clones(tensors: list) -> list:
+    with torch.no_grad():
+        return [clone_strided(t) for t in tensors]
 
 
 def _call(fn: Callable, args: list, read_only: tuple) -> Any:
