@@ -7,12 +7,15 @@ compiled unit], dispatch/optim_compile.py). On the program's thread that check w
 largest arrival spike of the demo (issue 22, items 1 and 3): its AdamW step over 17.9M
 parameters cloned 286 MB, called the compiled step on the copies and compared 72M floats
 (params, grads and both moments) after eager's step: 0.99 s of the program thread's CPU
-against 0.17 s for a whole eager step (one thread, load average 5.8; /tmp/wt45 timeline in
-the commit that added this). ATen kernels release the GIL, so the call and the comparison
+against 0.17 s for a whole eager step (one thread, load average 5.8; ``python -m
+benchmarks.step_events``). ATen kernels release the GIL, so the call and the comparison
 run as well on a daemon thread, on the core the program does not use, while the program
 goes on. The clones must exist before eager's step writes the real tensors, so the program
 waits for them, but makes them with the checker thread: each clones about half the bytes
-(:meth:`BesideCheck.clone`), on both cores when the machine has one to spare.
+(:meth:`BesideCheck.clone`), on both cores when the machine has one to spare. Measured the
+same way (second run, load average 7.5-7.8): the check step 0.32 s of the program thread's
+CPU with the clones on its thread, 0.26 s with them shared; the next step waits for the
+verdict (90 ms CPU, its wall time whatever the checker still needs).
 
 What each part checks, and why the result stays eager's:
 - the inputs the traced step writes (params, optimizer state: :func:`written_inputs`, from
