@@ -126,5 +126,21 @@ def test_cli_demo_json_has_each_steps_times_and_the_slow_steps(tmp_path, capsys)
     median = sorted(rec["eager"]["step_wall_s"])[2]
     slow = [i + 1 for i, t in enumerate(rec["adaptive"]["step_wall_s"]) if i >= 2 and t > 1.3 * median]
     assert rec["slow_steps"] == slow
-    assert f"slow steps       {len(slow)} adaptive step" in text
+    assert f"slow steps       {len(slow)} adaptive step" in text and "\nwaiting          " in text
+    assert rec["adaptive"]["waiting_steps"] == []  # the eager backend compiles synchronously
     assert set(rec["stats"]) >= {"regions_from_disk", "regions_compiled", "compile_latency_max_s"}
+
+
+def test_waiting_line_says_what_steps_with_a_compile_in_flight_cost():
+    def run(walls, waiting=()):
+        return demo.RunResult((1.0,) * len(walls), tuple(walls), tuple(walls), sum(walls), sum(walls),
+                              None, (0.0, 0.0), None, tuple(waiting))
+
+    eager = run([0.1] * 6)
+    r = demo.DemoResult("t", {}, 1, eager, run([0.5, 0.5, 0.2, 0.12, 0.1, 0.1], waiting=(0, 1, 2, 3)),
+                        None, "")
+    line = demo.waiting_line(r)   # steps 3 and 4 (the first two left out); upper median, as median_ms
+    assert line.startswith("waiting          2 steps after the first two began with a compile in flight")
+    assert "median 200.0 ms wall (2.00x eager's), 200.0 ms CPU (2.00x;" in line
+    r = demo.DemoResult("t", {}, 1, eager, run([0.1] * 6, waiting=(0, 1)), None, "")
+    assert demo.waiting_line(r) == "waiting          no step after the first two began with a compile in flight"
