@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--plot", metavar="FILE",
                       help="draw the loss curves and where the time went into FILE (.png, .svg, "
                            ".pdf; needs matplotlib: pip install \"adaptive-eager[plot]\")")
+    demo.add_argument("--json", metavar="FILE",
+                      help="write both runs' per-step wall and CPU times and the summary's "
+                           "figures to FILE (JSON)")
     demo.add_argument("-o", "--option", action="append", metavar="NAME=VALUE",
                       help="any runtime option, e.g. -o window_size=128 (repeatable)")
 
@@ -212,6 +215,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.plot:
         plot(result, args.plot)
         print(f"plot written to {args.plot}")
+    if args.json:
+        import json  # noqa: PLC0415
+
+        from .demo import record  # noqa: PLC0415
+
+        with open(args.json, "w") as f:
+            json.dump(record(result), f)
+        print(f"per-step times written to {args.json}")
     return 0 if result.agree else 1
 
 

@@ -153,6 +153,7 @@ class RunResult:
     children_cpu_s: float | None      # its child processes (the compile worker); None: unknown
     load: tuple[float, float]         # 1-minute load average before and after
     ready_step: int | None = None     # first step after every compile was ready (adaptive)
+    waiting: tuple[int, ...] = ()     # steps (0-based) that began with a compile in flight
 
     def median_ms(self, times: tuple[float, ...], start: int) -> float:
         tail = sorted(times[start:] or times)
@@ -187,6 +188,12 @@ class Progress:
         self.out.flush()
 
 
+def _in_flight() -> int:
+    from . import session  # noqa: PLC0415
+
+    return session.counters().compiles_in_flight
+
+
 def _compiles_done() -> bool:
     from . import session  # noqa: PLC0415
 
@@ -208,6 +215,7 @@ def train(job: Job, steps: int, context: Callable[[], ContextManager], label: st
     cpus: list[float] = []
     shown: float | None = None
     ready: int | None = None
+    waiting: list[int] = []
     load0 = os.getloadavg()[0]
     kids0 = _children_cpu_s()
     w0, c0 = time.perf_counter(), time.process_time()
@@ -215,6 +223,8 @@ def train(job: Job, steps: int, context: Callable[[], ContextManager], label: st
         for i in range(steps):
             if adaptive:  # the first step of the last stretch with every compile ready
                 ready = (i if ready is None else ready) if _compiles_done() else None
+                if _in_flight():
+                    waiting.append(i)
             t0, p0 = time.perf_counter(), time.process_time()
             job.optimizer.zero_grad(set_to_none=True)
             loss = job.loss(i)
@@ -231,7 +241,7 @@ def train(job: Job, steps: int, context: Callable[[], ContextManager], label: st
     kids1 = _children_cpu_s()
     kids = None if kids0 is None or kids1 is None else kids1 - kids0
     return RunResult(tuple(values), tuple(walls), tuple(cpus), wall, cpu, kids,
-                     (load0, os.getloadavg()[0]), ready)
+                     (load0, os.getloadavg()[0]), ready, tuple(waiting))
 
 
 @dataclass(frozen=True)
@@ -281,6 +291,59 @@ def run_demo(steps: int | None = None, backend: str = "inductor", size: str = "s
     stats = session.stats()
     return DemoResult(title, ctx_options, torch.get_num_threads(), eager, adaptive, stats,
                       format_report(stats))
+
+
+SLOW_STEP = 1.3  # issue 22: no adaptive step above this many eager steps, after the first two
+
+
+def slow_steps(result: "DemoResult", factor: float = SLOW_STEP) -> list[int]:
+    """The adaptive run's steps (1-based) after its first two whose wall time is above
+    ``factor`` times the eager run's median step."""
+    walls = result.eager.step_wall
+    median = sorted(walls)[len(walls) // 2] if walls else 0.0
+    return [i + 1 for i, t in enumerate(result.adaptive.step_wall) if i >= 2 and t > factor * median]
+
+
+def record(result: "DemoResult") -> dict:
+    """Both runs' per-step times and the figures the summary prints, as plain data
+    (``adaptive-eager demo --json FILE`` writes it).
+
+    Example::
+
+        >>> r = run_demo(steps=3, backend="eager", size="tiny", out=None)  # doctest: +SKIP
+        >>> sorted(record(r))  # doctest: +SKIP
+        ['adaptive', 'eager', 'slow_steps', 'stats', 'threads', 'title']
+    """
+    def run(r: RunResult) -> dict:
+        return {"step_wall_s": list(r.step_wall), "step_cpu_s": list(r.step_cpu),
+                "wall_s": r.wall_s, "cpu_s": r.cpu_s, "children_cpu_s": r.children_cpu_s,
+                "load": list(r.load), "ready_step": r.ready_step, "losses": list(r.losses),
+                "waiting_steps": [i + 1 for i in r.waiting]}
+
+    s = result.stats
+    return {"title": result.title, "threads": result.threads, "eager": run(result.eager),
+            "adaptive": run(result.adaptive), "slow_steps": slow_steps(result),
+            "stats": {"regions_compiled": s.regions_compiled, "regions_from_disk": s.regions_from_disk,
+                      "compiles_in_flight": s.compiles_in_flight,
+                      "compile_latency_max_s": s.compile_latency_max_s,
+                      "compiled_calls": s.compiled_calls,
+                      "optimizer_steps_compiled": s.optimizer_steps_compiled}}
+
+
+def waiting_line(result: "DemoResult") -> str:
+    """What waiting for compiles cost the program (issue 22, item 4): the adaptive steps
+    after the first two that began with a compile in flight, against eager's median."""
+    e, a = result.eager, result.adaptive
+    steps = [i for i in a.waiting if i >= 2]
+    if not steps:
+        return "waiting          no step after the first two began with a compile in flight"
+    walls = sorted(a.step_wall[i] for i in steps)
+    cpus = sorted(a.step_cpu[i] for i in steps)
+    wall, cpu = 1e3 * walls[len(walls) // 2], 1e3 * cpus[len(cpus) // 2]
+    ew, ec = e.median_ms(e.step_wall, 0), e.median_ms(e.step_cpu, 0)
+    return (f"waiting          {len(steps)} step{'' if len(steps) == 1 else 's'} after the first two "
+            f"began with a compile in flight: median {wall:.1f} ms wall ({_ratio(wall, ew)} eager's), "
+            f"{cpu:.1f} ms CPU ({_ratio(cpu, ec)}; this process, the compile worker not counted)")
 
 
 def _cpu_text(run: RunResult) -> str:
@@ -348,6 +411,12 @@ def summarize(result: DemoResult) -> str:
     lines.append(f"per step         eager {ew:.1f} ms wall, {ec:.1f} ms CPU; adaptive {aw:.1f} ms "
                  f"wall, {ac:.1f} ms CPU; speedup {_ratio(ew, aw)} wall, {_ratio(ec, ac)} CPU  "
                  f"(medians of {which})")
+    lines.append(waiting_line(result))
+    slow = slow_steps(result)
+    shown = ", ".join(f"{i} ({1e3 * a.step_wall[i - 1]:.0f} ms)" for i in slow[:8])
+    lines.append(f"slow steps       {len(slow)} adaptive step{'' if len(slow) == 1 else 's'} after the "
+                 f"first two above {SLOW_STEP}x eager's median step ({e.median_ms(e.step_wall, 0):.1f} ms)"
+                 + (f": {shown}" + (", ..." if len(slow) > 8 else "") if slow else ""))
     lines.append("")  # where the time went: in the report, printed next
     return "\n".join(lines)
 
@@ -408,4 +477,5 @@ def plot(result: DemoResult, path: str) -> None:
 
 
 __all__ = ["SIZES", "DEFAULT_STEPS", "Job", "build", "train", "run_demo", "summarize", "plot",
+           "record", "slow_steps", "SLOW_STEP",
            "pyplot", "agreement_line", "DemoResult", "RunResult", "PlotUnavailable", "GPT"]

@@ -111,3 +111,36 @@ def test_readme_shows_the_current_demo_output():
                   "fused ", "machine ", "whole run ", "per step ", "Where the time went",
                   "  capture ", "  eager replay ", "  compiled regions ", "  in short "):
         assert label in block, label
+
+
+def test_cli_demo_json_has_each_steps_times_and_the_slow_steps(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "demo.json"
+    rc = cli.main(["demo", "--size", "tiny", "--backend", "eager", "--steps", "4",
+                   "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and f"per-step times written to {out}" in text
+    rec = json.loads(out.read_text())
+    assert len(rec["eager"]["step_wall_s"]) == len(rec["adaptive"]["step_cpu_s"]) == 4
+    median = sorted(rec["eager"]["step_wall_s"])[2]
+    slow = [i + 1 for i, t in enumerate(rec["adaptive"]["step_wall_s"]) if i >= 2 and t > 1.3 * median]
+    assert rec["slow_steps"] == slow
+    assert f"slow steps       {len(slow)} adaptive step" in text and "\nwaiting          " in text
+    assert rec["adaptive"]["waiting_steps"] == []  # the eager backend compiles synchronously
+    assert set(rec["stats"]) >= {"regions_from_disk", "regions_compiled", "compile_latency_max_s"}
+
+
+def test_waiting_line_says_what_steps_with_a_compile_in_flight_cost():
+    def run(walls, waiting=()):
+        return demo.RunResult((1.0,) * len(walls), tuple(walls), tuple(walls), sum(walls), sum(walls),
+                              None, (0.0, 0.0), None, tuple(waiting))
+
+    eager = run([0.1] * 6)
+    r = demo.DemoResult("t", {}, 1, eager, run([0.5, 0.5, 0.2, 0.12, 0.1, 0.1], waiting=(0, 1, 2, 3)),
+                        None, "")
+    line = demo.waiting_line(r)   # steps 3 and 4 (the first two left out); upper median, as median_ms
+    assert line.startswith("waiting          2 steps after the first two began with a compile in flight")
+    assert "median 200.0 ms wall (2.00x eager's), 200.0 ms CPU (2.00x;" in line
+    r = demo.DemoResult("t", {}, 1, eager, run([0.1] * 6, waiting=(0, 1)), None, "")
+    assert demo.waiting_line(r) == "waiting          no step after the first two began with a compile in flight"

@@ -32,10 +32,11 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..runtime.backends import is_debugging
 from ..runtime.cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
-from ..runtime.checks import clone_strided, close
+from ..runtime.checks import close
 from ..runtime.compile_worker import THREADS_META
 from ..runtime.first_call import on_host
 from ..runtime.optim_fast import KnownStep
+from ..runtime.step_check import BesideCheck, written_inputs
 from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
                                    trace_step)
 from ..reasons import R
@@ -90,7 +91,7 @@ class Why:
 class _Entry:
     """One trace of a signature: its program and the compile service's entry."""
 
-    __slots__ = ("program", "region", "reason", "checked", "cls", "build")
+    __slots__ = ("program", "region", "reason", "checked", "cls", "build", "verdict")
 
     def __init__(self, cls: str, program: StepProgram | None, region: RegionEntry | None,
                  reason: str = ""):
@@ -101,6 +102,8 @@ class _Entry:
         self.checked = False
         # (example inputs, kernel threads, exact) while a disk load may still need a compile
         self.build: tuple | None = None
+        # the first compiled call's check, running beside the program (a Future)
+        self.verdict: Any = None
 
 
 def _unwrap(t: torch.Tensor) -> torch.Tensor | None:
@@ -131,6 +134,8 @@ class StepCompiler:
         # Note [A step compiles once it has cost enough]: optimizer -> its eager steps' ns
         self._spent: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
         self._started: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        # Note [The first compiled step is checked beside the program] (runtime/step_check.py)
+        self._beside = BesideCheck()
 
     # -- hooks ----------------------------------------------------------------------------
     def attach(self, opt: Any, thread_stack: Any) -> None:
@@ -206,6 +211,11 @@ class StepCompiler:
             known = (KnownStep(opt, got), entry, service)
             self._known[opt] = known
         region = entry.region
+        if entry.verdict is not None:  # Note [The first compiled step is checked beside the program]
+            problem, entry.verdict = BesideCheck.verdict(entry.verdict), None
+            if problem is not None:
+                service.fail(region, problem[0])
+                _note(counters, cls, f"eager: {Why.FAILED}: {problem[1]}")
         if entry.build is not None and region.state != COMPILING:
             if region.state == COLD:  # a disk load that did not load: compile it
                 self._submit(entry, service, counters)
@@ -305,10 +315,14 @@ class StepCompiler:
         groups, check = held
         opt.param_groups = groups
         if check is not None:
-            entry, service, inputs, copies, mode, exact = check
+            entry, service, inputs, copies, mode, exact, called = check
             counters = mode.counters
             if not mode._parked and len(mode.recorder):  # eager's step, captured: run it
                 mode.flush(R.OPTIMIZER_STEP, user_source())
+            if called is not None:  # Note [The first compiled step is checked beside the program]
+                entry.verdict = self._beside.compare(called, inputs, copies,
+                                                     sorted(written_inputs(entry.program.gm)), exact)
+                return
             with torch.no_grad(), _disable_current_modes():
                 bad = next((i for i, (a, b) in enumerate(zip(inputs, copies))
                             if not (torch.equal(_here(a, b), b) if exact else close(_here(a, b), b))),
@@ -429,13 +443,19 @@ class StepCompiler:
                     # on an accelerator, host copies (Note [The first compiled call runs on
                     # copies], runtime/first_call.py): device memory stays at eager's
                     ok, copies = self._call_via_host(entry, service, inputs, rest, counters, cls)
+                    called = None
                 else:
-                    with torch.no_grad(), _disable_current_modes():  # real copies, not captured ones
-                        copies = [clone_strided(t) for t in inputs]
-                    ok = self._call(entry, service, copies + rest, counters, cls)
+                    # Note [The first compiled step is checked beside the program]
+                    with _disable_current_modes():  # real copies, not captured ones
+                        copies = self._beside.clone(inputs)
+                    written = written_inputs(entry.program.gm)
+                    read_only = [i for i in range(len(inputs)) if i not in written]
+                    called = self._beside.call(entry.region.fn, copies + rest, read_only)
+                    ok = True
                 if ok:
                     exact = is_debugging(mode.options.backend)
-                    self._pending()[opt] = (opt.param_groups, (entry, service, inputs, copies, mode, exact))
+                    self._pending()[opt] = (opt.param_groups,
+                                            (entry, service, inputs, copies, mode, exact, called))
                     _note(counters, cls, "eager: " + Why.VERIFYING)
                 return False
         if not self._call(entry, service, inputs + rest, counters, cls):

@@ -33,7 +33,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
         return bool(torch.equal(a, b))
     rtol, atol = _TOL.get(a.dtype, (1e-4, 1e-5))
     if a.dtype in (torch.float32, torch.float64) and a.numel() >= _FAST_CLOSE_NUMEL \
-            and _all_finite_close(a, b, rtol, atol):
+            and (_within_atol(a, b, atol) or _all_finite_close(a, b, rtol, atol)):
         return True
     return bool(torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True))
 
@@ -48,6 +48,18 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 # True here means allclose says True. Measured: fp32[4096, 4096], one thread, 334 -> 110 ms
 # when close (479 ms when not: both run).
 _FAST_CLOSE_NUMEL = 1 << 16
+
+
+# Note [Close within atol in two passes]
+# A compiled step or region usually differs from eager by rounding only: AdamW's parameters
+# (magnitudes 1e-2..1e-1) by ~1e-9, far below atol. |a - b| <= atol for every element
+# implies |a - b| <= atol + rtol * |b|, so the largest difference (one subtraction and one
+# aminmax pass, no other temporaries) decides such pairs; a NaN or an infinity makes the
+# comparison false (NaN) and the four-pass test below decides, then torch.allclose.
+# Measured: fp32[4096 * 4096], one thread, 121 ms -> 45-50 ms when close.
+def _within_atol(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
+    lo, hi = torch.aminmax(torch.sub(a, b))
+    return bool(-atol <= float(lo)) and bool(float(hi) <= atol)
 
 
 def _all_finite_close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:

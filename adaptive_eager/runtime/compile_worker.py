@@ -126,17 +126,59 @@ def probe_picked_isa() -> bool | None:
     return bool(allowed[0])
 
 
+# Note [Only the picked ISA's own checks run]
+# ``cpp.vec_isa_ok`` skips each ISA's base probe, not the checks of its extensions: with
+# it, Inductor's ``valid_vec_isa_list`` still built and dlopen-probed avx512_bf16 for each
+# of avx512_vnni and avx512 (ISAs it never picks, being after amx in its order) and
+# AMX's own tile and bf16 checks: 7 test libraries built by a fresh worker (g++, 6.2 s of
+# its children's CPU with the kernel, load average 7.7, ``python -m benchmarks.first_region``)
+# and 11 probe subprocesses in each process's first artifact load (1.3 s wall). Inductor
+# picks the first ISA of that list (``pick_vec_isa``, the only caller, when neither
+# ``cpp.simdlen`` nor ATEN_CPU_CAPABILITY chooses), which is the first ISA the CPU's flags
+# allow whenever that one passes its checks. So while trusted, the list is that ISA alone
+# after its own checks (``bool(isa)``: the ones that set its build flags), and Inductor's
+# own list otherwise (it fails them, or a user's setting chooses): the same pick, with
+# the other ISAs' builds and probes left out. The function is swapped only inside the
+# ``with`` (a load on the compile service's thread, or the worker's compile); a
+# ``torch.compile`` on another thread meanwhile picks the same ISA.
+def _first_allowed_isa(original: Callable[[], list]) -> Callable[[], list]:
+    from torch._inductor import config as inductor_config  # noqa: PLC0415 - loaded by now
+    from torch._inductor import cpu_vec_isa  # noqa: PLC0415
+
+    def valid_vec_isa_list() -> list:
+        if inductor_config.cpp.simdlen is None and not os.environ.get("ATEN_CPU_CAPABILITY"):
+            flags = cpu_vec_isa.x86_isa_checker()
+            first = next((isa for isa in cpu_vec_isa.supported_vec_isa_list
+                          if all(flag in flags for flag in str(isa).split())), None)
+            if first is not None and first:
+                return [first]
+        return original()
+
+    return valid_vec_isa_list
+
+
 @contextlib.contextmanager
 def trusted_vec_isa(ok: bool) -> Iterator[None]:
     """Inductor told that every vector ISA the CPU allows works (``ok``), so it does not
-    probe them again; a ``TORCHINDUCTOR_VEC_ISA_OK`` set by the user wins."""
+    probe them again, and only the picked ISA's own checks run (Note [Only the picked
+    ISA's own checks run]); a ``TORCHINDUCTOR_VEC_ISA_OK`` set by the user wins."""
+    import platform  # noqa: PLC0415
+
     if not ok or _ISA_ENV in os.environ:
         yield
         return
     from torch._inductor import config as inductor_config  # noqa: PLC0415 - heavy, lazy
+    from torch._inductor import cpu_vec_isa  # noqa: PLC0415
 
+    original = cpu_vec_isa.valid_vec_isa_list
+    x86 = platform.machine() in ("x86_64", "AMD64")
     with inductor_config.patch({"cpp.vec_isa_ok": True}):
-        yield
+        if x86:
+            cpu_vec_isa.valid_vec_isa_list = _first_allowed_isa(original)
+        try:
+            yield
+        finally:
+            cpu_vec_isa.valid_vec_isa_list = original
 
 
 class WorkerUnavailable(RuntimeError):

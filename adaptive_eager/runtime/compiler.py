@@ -103,7 +103,7 @@ def guard_rng_setters() -> None:
 # its region eager-only but cannot stop it) kept a finished program from exiting. The
 # service runs its compiles in one daemon thread of its own instead; a compile still
 # running at exit is abandoned, as the worker process's is (Note [One worker per process]).
-class _DaemonThread:
+class DaemonThread:
     """One daemon thread running submitted calls in order; each returns a Future."""
 
     def __init__(self, name: str):
@@ -183,14 +183,14 @@ class CompileService:
         self.async_ = async_
         self.timeout_s = timeout_s
         self.fuel = _fuel_from_env() if fuel == -1 else fuel
-        self._pool: _DaemonThread | None = None
+        self._pool: DaemonThread | None = None
         self._lock = threading.Lock()
         self._logged: set[str] = set()
 
-    def _executor(self) -> _DaemonThread:
+    def _executor(self) -> DaemonThread:
         with self._lock:
             if self._pool is None:
-                self._pool = _DaemonThread("adaptive_eager-compile")
+                self._pool = DaemonThread("adaptive_eager-compile")
             return self._pool
 
     def take_fuel(self) -> bool:
@@ -400,4 +400,4 @@ class CompileService:
                 self._pool = None
 
 
-__all__ = ["CompileService", "FUEL_ENV"]
+__all__ = ["CompileService", "DaemonThread", "FUEL_ENV"]

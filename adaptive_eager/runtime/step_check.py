@@ -1,0 +1,167 @@
+"""A compiled optimizer step's first call, checked beside the program (on another thread).
+
+Note [The first compiled step is checked beside the program]
+The first call of a compiled optimizer step runs on copies of its inputs and is compared
+with eager's step, run on the real tensors that one time (Note [The optimizer step as one
+compiled unit], dispatch/optim_compile.py). On the program's thread that check was the
+largest arrival spike of the demo (issue 22, items 1 and 3): its AdamW step over 17.9M
+parameters cloned 286 MB, called the compiled step on the copies and compared 72M floats
+(params, grads and both moments) after eager's step: 0.99 s of the program thread's CPU
+against 0.17 s for a whole eager step (one thread, load average 5.8; ``python -m
+benchmarks.step_events``). ATen kernels release the GIL, so the call and the comparison
+run as well on a daemon thread, on the core the program does not use, while the program
+goes on. The clones must exist before eager's step writes the real tensors, so the program
+waits for them, but makes them with the checker thread: each clones about half the bytes
+(:meth:`BesideCheck.clone`), on both cores when the machine has one to spare. Measured the
+same way (second run, load average 7.5-7.8): the check step 0.32 s of the program thread's
+CPU with the clones on its thread, 0.26 s with them shared; the next step waits for the
+verdict (90 ms CPU, its wall time whatever the checker still needs).
+
+What each part checks, and why the result stays eager's:
+- the inputs the traced step writes (params, optimizer state: :func:`written_inputs`, from
+  the graph's schemas) are compared, copy against the real tensor, within the dtype's
+  tolerance (bit for bit for the debugging backends), once eager's step has run. Nothing
+  but the optimizer writes them, and the optimizer's next step waits for the verdict
+  before it runs (compiled or not), so the comparison reads settled values. A program
+  that writes them between steps (weight clipping in place) can only make the check
+  fail: the step then stays eager, as it would for a real mismatch;
+- the inputs it only reads (grads) are checked on the copies alone: their bits before and
+  after the compiled call (:func:`~.checks.bits_hash`), so a program that zeroes its grads
+  in place (``zero_grad(set_to_none=False)``) meanwhile changes nothing here.
+The real tensors are eager's throughout; a compiled call is never applied to them before
+its verdict, which the program's thread takes (:meth:`BesideCheck.verdict`).
+
+Example::
+
+    >>> import torch
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> gm = make_fx(lambda p, g: (p.add_(g),))(torch.ones(2), torch.ones(2))
+    >>> sorted(written_inputs(gm))
+    [0]
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..reasons import R
+from .checks import bits_hash, clone_strided, close
+from .compiler import DaemonThread
+
+
+def written_inputs(gm: Any) -> frozenset[int]:
+    """Indices of ``gm``'s placeholders that some node writes in place (a mutable
+    argument of its schema), in placeholder order."""
+    index = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    out: set[int] = set()
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            x = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+            for y in (x if isinstance(x, (list, tuple)) else [x]):
+                if y in index:
+                    out.add(index[y])
+    return frozenset(out)
+
+
+class BesideCheck:
+    """Runs first compiled calls and their comparisons, in order, on one daemon thread;
+    each returns a Future of a problem, ``(the compile service's reason, the optimizer
+    report's words)``, or None when the check passed.
+
+    Example::
+
+        >>> c = BesideCheck()
+        >>> p, g = torch.ones(3), torch.ones(3)
+        >>> copies = [p.clone(), g.clone()]
+        >>> called = c.call(lambda p, g: p.add_(g), copies, read_only=[1])
+        >>> _ = p.add_(g)        # eager's step, on the real tensors
+        >>> c.compare(called, [p, g], copies, written=[0], exact=True).result() is None
+        True
+    """
+
+    def __init__(self) -> None:
+        self._thread = DaemonThread("adaptive_eager-check")
+
+    def clone(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Copies of ``inputs`` (:func:`~.checks.clone_strided`), made by this thread and the
+        checker's, about half the bytes each; returns once all are made."""
+        theirs: list[int] = []
+        mine = their_bytes = 0
+        for i in sorted(range(len(inputs)), key=lambda i: -inputs[i].nbytes):
+            if their_bytes < mine:
+                theirs.append(i)
+                their_bytes += inputs[i].nbytes
+            else:
+                mine += inputs[i].nbytes
+        made = self._thread.submit(_clones, [inputs[i] for i in theirs])
+        skip = set(theirs)
+        with torch.no_grad():
+            copies = [None if i in skip else clone_strided(t) for i, t in enumerate(inputs)]
+        for i, c in zip(theirs, made.result()):  # the GIL is released while it waits
+            copies[i] = c
+        return copies  # type: ignore[return-value]
+
+    def call(self, fn: Callable, args: Sequence[Any], read_only: Sequence[int]) -> cf.Future:
+        """``fn(*args)`` (args: copies, then constants), checking that it leaves the copies
+        at ``read_only`` bit for bit as they were."""
+        return self._thread.submit(_call, fn, list(args), tuple(read_only))
+
+    def compare(self, called: cf.Future, inputs: Sequence[torch.Tensor],
+                copies: Sequence[torch.Tensor], written: Sequence[int], exact: bool) -> cf.Future:
+        """After ``called``: each written input's copy against the real tensor."""
+        return self._thread.submit(_compare, called, list(inputs), list(copies), tuple(written),
+                                   exact)
+
+    @staticmethod
+    def verdict(pending: cf.Future) -> Any:
+        """The check's problem or None, waiting for a check still running (the GIL is
+        released meanwhile)."""
+        try:
+            return pending.result()
+        except Exception as e:  # noqa: BLE001 - a check that broke: the step stays eager
+            return (f"{R.COMPILED_OUTPUTS_DIFFER}: the check failed: {type(e).__name__}: {e}",
+                    "compiled step differs from eager")
+
+
+def _clones(tensors: list) -> list:
+    with torch.no_grad():
+        return [clone_strided(t) for t in tensors]
+
+
+def _call(fn: Callable, args: list, read_only: tuple) -> Any:
+    with torch.no_grad():
+        before = [bits_hash(args[i]) for i in read_only]
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - a failing artifact: the step stays eager
+            return (f"{R.COMPILED_CALL_FAILED}: {type(e).__name__}: {e}", "compiled call failed")
+        bad = next((i for i, h in zip(read_only, before) if bits_hash(args[i]) != h), None)
+    if bad is not None:
+        return (f"{R.COMPILED_OUTPUTS_DIFFER}: optimizer step input {bad} (read only) written",
+                "compiled step differs from eager")
+    return None
+
+
+def _compare(called: cf.Future, inputs: list, copies: list, written: tuple, exact: bool) -> Any:
+    problem = called.result()
+    if problem is not None:
+        return problem
+    with torch.no_grad():
+        for i in written:
+            a, b = inputs[i], copies[i]
+            a = a.to(b.device) if a.device != b.device else a
+            if not (torch.equal(a, b) if exact else close(a, b)):
+                return (f"{R.COMPILED_OUTPUTS_DIFFER}: optimizer step input {i}",
+                        "compiled step differs from eager")
+    return None
+
+
+__all__ = ["BesideCheck", "written_inputs"]

@@ -1,0 +1,54 @@
+"""What a process's first compile and first artifact load run (issue 22, items 2-3):
+Note [Only the picked ISA's own checks run] (runtime/compile_worker.py)."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from adaptive_eager.runtime.compile_worker import trusted_vec_isa
+
+x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISAs only")
+
+
+@x86
+def test_a_trusted_pick_checks_only_the_first_allowed_isa_and_picks_as_inductor_does():
+    from torch._inductor import config, cpu_vec_isa
+
+    original = cpu_vec_isa.valid_vec_isa_list
+    checked: list = []
+    bool_of = cpu_vec_isa.VecISA.__bool__
+
+    def spy(isa):
+        checked.append(str(isa))
+        return bool_of(isa)
+
+    with pytest.MonkeyPatch.context() as mp:
+        for cls in {type(i) for i in cpu_vec_isa.supported_vec_isa_list}:
+            mp.setattr(cls, "__bool__", spy)
+        with trusted_vec_isa(True):
+            assert cpu_vec_isa.valid_vec_isa_list is not original
+            picked = cpu_vec_isa.pick_vec_isa()
+    assert cpu_vec_isa.valid_vec_isa_list is original        # put back after the block
+    flags = cpu_vec_isa.x86_isa_checker()
+    allowed = [str(i) for i in cpu_vec_isa.supported_vec_isa_list
+               if all(f in flags for f in str(i).split())]
+    if not allowed:
+        pytest.skip("this CPU allows no vector ISA")
+    assert checked == [allowed[0]]                             # the others: neither built nor probed
+    with config.patch({"cpp.vec_isa_ok": True}):               # Inductor's own pick, trusted as above
+        assert str(picked) == str(original()[0])
+
+
+@x86
+def test_a_user_choice_keeps_inductors_own_list(monkeypatch):
+    from torch._inductor import cpu_vec_isa
+
+    original = cpu_vec_isa.valid_vec_isa_list
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    with trusted_vec_isa(True):
+        assert cpu_vec_isa.valid_vec_isa_list() == original()
+    with trusted_vec_isa(False):
+        assert cpu_vec_isa.valid_vec_isa_list is original

@@ -1,0 +1,146 @@
+"""Note [The first compiled step is checked beside the program] (runtime/step_check.py):
+the first call of a compiled optimizer step and its comparison with eager's run on the
+checker's thread, not the program's; a wrong compiled step still never reaches the
+program's tensors, and grads zeroed in place meanwhile do not fail the check."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+import adaptive_eager as ae
+from adaptive_eager.runtime.step_check import BesideCheck, written_inputs
+
+O = torch.optim
+
+
+def _kinds(cls: type) -> dict:
+    """The optimizer report's lines of ``cls`` ("what" -> how many steps)."""
+    kinds = ae.stats().optimizer_step_kinds
+    return {key.partition("|")[2]: n for key, n in kinds.items() if key.startswith(cls.__name__ + "|")}
+
+
+def _backend(calls: list, wrong=None):
+    """A compile backend running the graph as is, recording each call's thread; ``wrong``
+    (args) -> None, run after the graph on its first call only, makes it miscompile."""
+    def compile_fn(gm, example):
+        def fn(*args):
+            calls.append(threading.current_thread().name)
+            out = gm(*args)
+            if wrong is not None and len(calls) == 1:
+                wrong(args)
+            return out
+        return fn
+    return compile_fn
+
+
+def _train(steps: int, ctx=None, set_to_none: bool = True) -> list:
+    torch.manual_seed(0)
+    ps = [torch.randn(64, 32, requires_grad=True), torch.randn(32, requires_grad=True)]
+    opt = O.AdamW(ps, lr=1e-2, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(1)
+    with ctx if ctx is not None else torch.no_grad():
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=set_to_none)
+            for p in ps:
+                g = torch.randn(p.shape, generator=gen)
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.copy_(g)
+            opt.step()
+    return [p.detach().clone() for p in ps]
+
+
+def _close(ref: list, out: list) -> None:
+    # a callable backend is no debugging backend: the step's lerp is traced as add/sub/mul
+    # (Note [Lerp for a compiler], runtime/optim_graph.py), which rounds otherwise
+    for a, b in zip(ref, out):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def _runtime(backend):
+    return ae.adaptive_eager(backend=backend, async_compile=False, optimizer_step_after_ms=0)
+
+
+def test_the_first_compiled_call_runs_on_the_checker_thread():
+    calls: list = []
+    ref = _train(8)
+    ae.reset_stats()
+    out = _train(8, _runtime(_backend(calls)))
+    _close(ref, out)
+    assert calls[0] == "adaptive_eager-check", calls     # the check: beside the program
+    assert set(calls[1:]) == {threading.current_thread().name}, calls  # then the program's
+    assert ae.stats().optimizer_steps_compiled == len(calls) - 1 > 0
+
+
+def test_a_wrong_compiled_step_is_caught_and_never_applied():
+    def wrong(args):  # the first written input (a param) off by far more than rounding
+        args[0].add_(1e-2)
+
+    calls: list = []
+    ref = _train(8)
+    ae.reset_stats()
+    out = _train(8, _runtime(_backend(calls, wrong)))
+    _close(ref, out)
+    k = _kinds(O.AdamW)
+    assert k.get("eager: eager-only: compiled step differs from eager") == 1, k
+    assert ae.stats().optimizer_steps_compiled == 0 and len(calls) == 1
+
+
+def test_a_compiled_step_writing_a_grad_is_caught():
+    def wrong(args):  # grads come after the params in the step's inputs; all are read only
+        n = sum(1 for a in args if isinstance(a, torch.Tensor) and a.dim() > 0) // 4
+        args[n].mul_(2)
+
+    calls: list = []
+    ref = _train(8)
+    ae.reset_stats()
+    out = _train(8, _runtime(_backend(calls, wrong)))
+    _close(ref, out)
+    assert ae.stats().optimizer_steps_compiled == 0, _kinds(O.AdamW)
+
+
+def test_grads_zeroed_in_place_during_the_check_do_not_fail_it():
+    """zero_grad(set_to_none=False) zeroes the grads the check's copies were made of while
+    the comparison may still run: the grads are checked on the copies alone."""
+    calls: list = []
+    ref = _train(8, set_to_none=False)
+    ae.reset_stats()
+    out = _train(8, _runtime(_backend(calls)), set_to_none=False)
+    _close(ref, out)
+    assert ae.stats().optimizer_steps_compiled == 8 - 3, _kinds(O.AdamW)
+
+
+def test_written_inputs_and_a_check_that_differs():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda p, g, m: (torch._foreach_add_([p, m], [g, g]),))(
+        torch.ones(2), torch.ones(2), torch.ones(2))
+    assert written_inputs(gm) == {0, 2}
+    c = BesideCheck()
+    p, g = torch.ones(3), torch.ones(3)
+    copies = [p.clone(), g.clone()]
+    called = c.call(lambda p, g: p.add_(g).add_(1.0), copies, read_only=[1])
+    p.add_(g)
+    problem = BesideCheck.verdict(c.compare(called, [p, g], copies, written=[0], exact=False))
+    assert problem is not None and "optimizer step input 0" in problem[0]
+
+
+def test_the_clones_are_made_on_both_threads_and_equal_their_tensors(monkeypatch):
+    from adaptive_eager.runtime import step_check
+
+    made_on: list = []
+    real = step_check.clone_strided
+
+    def spy(t):
+        made_on.append(threading.current_thread().name)
+        return real(t)
+
+    monkeypatch.setattr(step_check, "clone_strided", spy)
+    ts = [torch.randn(64, 64), torch.randn(64, 64).t(), torch.randn(16), torch.arange(5.0)[:, None].expand(5, 3)]
+    copies = BesideCheck().clone(ts)
+    assert all(torch.equal(a, b) and a.stride() == b.stride() and a.data_ptr() != b.data_ptr()
+               for a, b in zip(ts, copies))
+    assert set(made_on) == {threading.current_thread().name, "adaptive_eager-check"}, made_on
