@@ -231,6 +231,35 @@ def test_grads_that_are_none_and_zero_grad_set_to_none():
     assert ae.stats().optimizer_steps_compiled > 0
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_state_and_grads_edited_by_hand_between_steps_are_seen(backend):
+    """Note [A known step is re-checked, not re-gathered]: a state tensor replaced by
+    hand, a param's state reset or deleted, a grad with other strides, between compiled
+    steps: each is seen (a full gather, another signature where the layout changed) and
+    the results equal eager's."""
+    def edit(opt, s):
+        ps = opt.param_groups[0]["params"]
+        if s == 5:
+            opt.state[ps[0]]["momentum_buffer"] = torch.full_like(ps[0], 0.25)
+        elif s == 7:
+            opt.state[ps[1]] = {}
+        elif s == 9:
+            del opt.state[ps[2]]
+        elif s == 11:
+            g = ps[0].grad
+            ps[0].grad = g.t().contiguous().t()  # same values, column-major strides
+
+    ref, oref = _run(O.SGD, dict(lr=0.1, momentum=0.9), 16, edit=edit)
+    ae.reset_stats()
+    # warm-up on: the program parks, its edits are plain tensors (Note [A known step is
+    # re-checked, not re-gathered]: a handle in the state makes a known step unusable)
+    ctx = _runtime(backend=backend, warmup=True)
+    out, oout = _run(O.SGD, dict(lr=0.1, momentum=0.9), 16, ctx=ctx, edit=edit)
+    _equal(ref, out)
+    assert_optimizer_states_equal(oref, oout)
+    assert ae.stats().optimizer_steps_compiled >= 8
+
+
 def test_state_dict_round_trip_mid_run():
     """state_dict() mid-run, loaded into a fresh optimizer that goes on: as eager."""
     def run(ctx):

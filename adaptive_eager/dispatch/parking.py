@@ -263,13 +263,21 @@ class SafePoints:
         STEPS.give_back(opt)  # likewise (Note [The optimizer step as one compiled unit])
         self._stepping().add(opt)  # Note [Probes come between optimizer steps]
         st = self.thread_stack()
-        if st:
-            STEPS.attach(opt, self.thread_stack)  # its step may run compiled (dispatch/optim_compile.py)
-        if st and not st[-1][0]._parked:  # parked: the program's own optimizer, as eager
-            groups = use_foreach(opt)
-            if groups:
-                switched[opt] = groups
-                self.counters.optimizer_steps_foreach += 1
+        if not st:
+            return
+        # its step may run compiled (dispatch/optim_compile.py); if so, our instance
+        # pre-hook switches it to the foreach level only when it runs eagerly (Note [The
+        # foreach switch waits for the step's decision])
+        if not STEPS.attach(opt, self.thread_stack, self.switch_foreach) and not st[-1][0]._parked:
+            self.switch_foreach(opt)  # parked: the program's own optimizer, as eager
+
+    def switch_foreach(self, opt: Any) -> None:
+        """Switch ``opt``'s qualifying groups to the foreach level for this step (restored
+        at its end)."""
+        groups = use_foreach(opt)
+        if groups:
+            self._switched()[opt] = groups
+            self.counters.optimizer_steps_foreach += 1
 
     def restore_foreach(self) -> None:
         """Every group this thread switched and did not restore yet gets foreach=None back
