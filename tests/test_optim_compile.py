@@ -356,6 +356,8 @@ def test_lbfgs_stays_eager_and_bitwise():
     out = run(_runtime())
     _equal(ref, out)
     assert ae.stats().optimizer_steps_compiled == 0
+    assert _kinds(O.LBFGS) == {"eager: a closure (LBFGS-style step)": 4}
+    assert "LBFGS: 0 signatures, 0 compiles, 0 steps compiled; eager: 4 a closure" in ae.report()
 
 
 class _MySGD(O.SGD):
@@ -396,6 +398,7 @@ def test_subclass_overriding_step_stays_eager():
                 p.grad = torch.full_like(p, 0.1)
             opt.step()
     assert ae.stats().optimizer_steps_compiled == 0
+    assert _kinds(_MySGD) == {"eager: a subclass of a torch.optim class (it may override step)": 5}
 
 
 def test_option_off_leaves_the_step_alone():

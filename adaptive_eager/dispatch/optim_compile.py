@@ -190,6 +190,20 @@ class StepCompiler:
         if not self._step(opt, mode, args, kwargs):
             self.runs_eagerly(opt, mode)
 
+    def not_a_candidate(self, opt: Any, mode: Any, args: tuple, kwargs: dict) -> None:
+        """Note why ``opt`` (a class :meth:`attach` declined) steps eagerly: a closure, a
+        subclass of a candidate class, or another class (LBFGS, NAdam, a custom one)."""
+        if not mode.options.optimizer_step or not isinstance(opt, torch.optim.Optimizer):
+            return
+        cls = type(opt)
+        if (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None:
+            why = Why.CLOSURE
+        elif issubclass(cls, tuple(CANDIDATES)):
+            why = Why.SUBCLASS
+        else:
+            why = Why.CLASS
+        _note(mode.counters, cls.__name__, "eager: " + why)
+
     def runs_eagerly(self, opt: Any, mode: Any) -> None:
         """``opt``'s step runs torch's body: its groups switched to the foreach level when
         the mode captures (Note [The foreach switch waits for the step's decision])."""

@@ -253,7 +253,7 @@ class SafePoints:
             switched = self._tls.foreach = weakref.WeakKeyDictionary()
         return switched
 
-    def step_starts(self, opt: Any, *_: Any) -> None:
+    def step_starts(self, opt: Any, args: tuple = (), kwargs: dict | None = None) -> None:
         """The start of an optimizer step: qualifying param groups run at the foreach
         level (Note [Optimizer steps at the foreach level], dispatch/optim.py)."""
         switched = self._switched()
@@ -261,15 +261,20 @@ class SafePoints:
         if left:  # the last step raised before its post hook ran
             restore_foreach(left)
         STEPS.give_back(opt)  # likewise (Note [The optimizer step as one compiled unit])
-        self._stepping().add(opt)  # Note [Probes come between optimizer steps]
+        stepping = self._stepping()
+        nested = opt in stepping  # a subclass's step calling its base class's
+        stepping.add(opt)  # Note [Probes come between optimizer steps]
         st = self.thread_stack()
         if not st:
             return
         # its step may run compiled (dispatch/optim_compile.py); if so, our instance
         # pre-hook switches it to the foreach level only when it runs eagerly (Note [The
         # foreach switch waits for the step's decision])
-        if not STEPS.attach(opt, self.thread_stack, self.switch_foreach) and not st[-1][0]._parked:
-            self.switch_foreach(opt)  # parked: the program's own optimizer, as eager
+        if not STEPS.attach(opt, self.thread_stack, self.switch_foreach):
+            if not nested:
+                STEPS.not_a_candidate(opt, st[-1][0], args, kwargs or {})  # the report's reason
+            if not st[-1][0]._parked:  # parked: the program's own optimizer, as eager
+                self.switch_foreach(opt)
 
     def switch_foreach(self, opt: Any) -> None:
         """Switch ``opt``'s qualifying groups to the foreach level for this step (restored
