@@ -273,7 +273,7 @@ class SafePoints:
             switched = self._tls.foreach = weakref.WeakKeyDictionary()
         return switched
 
-    def step_starts(self, opt: Any, *_: Any) -> None:
+    def step_starts(self, opt: Any, args: tuple = (), kwargs: dict | None = None) -> None:
         """The start of an optimizer step: qualifying param groups run at the foreach
         level (Note [Optimizer steps at the foreach level], dispatch/optim.py)."""
         switched = self._switched()
@@ -283,15 +283,29 @@ class SafePoints:
         steps = _steps(load=False)
         if steps is not None:
             steps.give_back(opt)  # likewise (Note [The optimizer step as one compiled unit])
-        self._stepping().add(opt)  # Note [Probes come between optimizer steps]
+        stepping = self._stepping()
+        nested = opt in stepping  # a subclass's step calling its base class's
+        stepping.add(opt)  # Note [Probes come between optimizer steps]
         st = self.thread_stack()
-        if st:
-            _steps().attach(opt, self.thread_stack)  # its step may run compiled (dispatch/optim_compile.py)
-        if st and not st[-1][0]._parked:  # parked: the program's own optimizer, as eager
-            groups = use_foreach(opt)
-            if groups:
-                switched[opt] = groups
-                self.counters.optimizer_steps_foreach += 1
+        if not st:
+            return
+        # its step may run compiled (dispatch/optim_compile.py); if so, our instance
+        # pre-hook switches it to the foreach level only when it runs eagerly (Note [The
+        # foreach switch waits for the step's decision])
+        steps = _steps()
+        if not steps.attach(opt, self.thread_stack, self.switch_foreach):
+            if not nested:
+                steps.not_a_candidate(opt, st[-1][0], args, kwargs or {})  # the report's reason
+            if not st[-1][0]._parked:  # parked: the program's own optimizer, as eager
+                self.switch_foreach(opt)
+
+    def switch_foreach(self, opt: Any) -> None:
+        """Switch ``opt``'s qualifying groups to the foreach level for this step (restored
+        at its end)."""
+        groups = use_foreach(opt)
+        if groups:
+            self._switched()[opt] = groups
+            self.counters.optimizer_steps_foreach += 1
 
     def restore_foreach(self) -> None:
         """Every group this thread switched and did not restore yet gets foreach=None back

@@ -54,12 +54,15 @@ class StateNotReady(NotTraceable):
 class Gathered:
     """One step's work: ``key`` (signature: class, options, tensor specs, never float
     values), ``inputs`` (flat: per param with a grad, the param, its grad, its state
-    tensors in the state's order), ``hyper`` (the groups' float options in order)."""
+    tensors in the state's order), ``hyper`` (the groups' float options in order),
+    ``grads`` (the grads' positions in ``inputs``), ``known`` (re-checked by a known step,
+    optim_fast.py: every input but the grads is a plain tensor)."""
 
     key: tuple
     inputs: list
     hyper: list
     grads: frozenset = frozenset()  # positions of the grads in ``inputs``
+    known: bool = False  # from a known step: only the grads may be runtime handles
 
 
 def _spec(t: torch.Tensor) -> tuple:
