@@ -336,3 +336,53 @@ def test_a_training_loop_holds_no_more_device_memory_than_eager(backend):
     # first compiled calls are checked on host copies (Note [The first compiled call runs
     # on copies]), replays free at last use: never above eager's device peak
     assert peak <= 1.1 * eager_peak, (peak / 2**20, eager_peak / 2**20)
+
+
+def _train_between_steps(ctx, steps=6):
+    """Device bytes held after each step of a small AdamW loop (grads set to None)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64)).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(128, 64).to("neuron"), torch.randn(128, 64).to("neuron")
+    held, losses = [], []
+    with ctx:
+        for _ in range(steps):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            held.append(torch.neuron.memory_allocated())
+    return losses, held
+
+
+def test_a_steps_compile_in_flight_keeps_no_gradient_alive():
+    # Note [A step's compile holds no gradient] (dispatch/optim_compile.py): the compile
+    # of AdamW's step is held in flight for the whole loop; what it keeps as examples
+    # must not be the grads the program drops at zero_grad.
+    import contextlib
+    import threading
+
+    from adaptive_eager.runtime.backends import register_backend, unregister_backend
+
+    release, seen = threading.Event(), []
+
+    def blocked(gm, example):
+        seen.append(len(example))
+        release.wait(30)
+        return gm
+
+    register_backend("blocked_eager", blocked, debugging=True)
+    try:
+        want, eager_held = _train_between_steps(contextlib.nullcontext())
+        got, held = _train_between_steps(ae.adaptive_eager(
+            device="neuron", backend="blocked_eager", optimizer_step_after_ms=0, **FORCED))
+        in_flight = ae.stats().optimizer_steps_compiled == 0 and seen
+    finally:
+        release.set()
+        unregister_backend("blocked_eager")
+    assert in_flight, "the step's compile was not in flight during the loop"
+    assert got == want
+    # bytes held between steps are eager's, the step's compile in flight or not
+    assert held == eager_held, ([h / 2**10 for h in held], [h / 2**10 for h in eager_held])
