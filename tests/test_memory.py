@@ -386,3 +386,39 @@ def test_a_steps_compile_in_flight_keeps_no_gradient_alive():
     assert got == want
     # bytes held between steps are eager's, the step's compile in flight or not
     assert held == eager_held, ([h / 2**10 for h in held], [h / 2**10 for h in eager_held])
+
+
+_TRACED_WHILE_CAPTURING = """
+import torch, adaptive_eager as ae
+from adaptive_eager.runtime.backends import register_backend
+examples = []
+register_backend("recording_eager", lambda gm, ex: (examples.append([type(x).__name__ for x in ex]), gm)[1], debugging=True)
+torch.manual_seed(0)
+model = torch.nn.Linear(16, 16)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+with ae.adaptive_eager(backend="recording_eager", optimizer_step_after_ms=0, async_compile=False,
+                       adaptive_passthrough=False, warmup=False):
+    for _ in range(4):
+        loss = model(torch.randn(4, 16)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+assert examples and ae.stats().optimizer_steps_compiled > 0
+print("NOT FOR THE WORKER", [i for i, x in enumerate(examples[0]) if x == "LazyTensor"])
+"""
+
+
+def test_a_step_traced_while_capturing_can_be_compiled_in_the_worker():
+    # AdamW makes ``torch.tensor(1.0)`` for its CPU step counters; traced under a capturing
+    # mode it became a handle among the step's constants, which the compile worker cannot
+    # take: the step compiled in-process and loaded Inductor's compiler into the program
+    # (python -m benchmarks.memory gpt). A fresh process, as a program runs; types are
+    # taken at the compile (a handle, once bound, becomes a plain tensor).
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _TRACED_WHILE_CAPTURING], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "NOT FOR THE WORKER []" in r.stdout, r.stdout

@@ -340,7 +340,12 @@ class StepCompiler:
         """Trace a new signature (or another branch of one) and queue its compile; this
         step runs eagerly."""
         try:
-            program = trace_step(opt, got)
+            # off the mode stack: a tensor the step makes (AdamW's ``torch.tensor(1.0)`` for
+            # its CPU step counters) becomes a constant of the program, and a captured one
+            # would be a handle, which the compile worker cannot take (the compile then ran
+            # in-process and loaded Inductor's compiler into the program: +115 MiB resident)
+            with _disable_current_modes():
+                program = trace_step(opt, got)
         except StateNotReady:
             _note(counters, cls, "eager: " + Why.STATE)
             return
