@@ -26,7 +26,10 @@ and every window is replayed); ``forced-aot`` (the same with ``aot_eager`` and
 synchronous compiles: windows run as compiled regions); ``no-step`` and ``no-verify``
 (default options, the compiled optimizer step off, or first compiled calls unchecked);
 ``sync`` (default options, synchronous compiles: what compiles is ready before the
-measured steps). Adaptive rows say when Inductor's runtime was first loaded into the
+measured steps); ``torch-compile`` (``gpt`` only: ``torch.compile(model)`` and
+``torch.compile(opt.step)``, no adaptive eager; its compiles land in the warm-up step).
+Each row also gives the process's peak resident set over its whole life (imports, build,
+warm-up and measured steps: issue 20's first measure). Adaptive rows say when Inductor's runtime was first loaded into the
 process during the measured steps (Note [Where the GPT step's extra memory comes from]).
 
 Example::
@@ -61,7 +64,7 @@ from typing import Any, Callable
 # options with its compile not ready in the measured steps. In the GPT step that copy
 # comes after the activations are freed and does not move the peak.
 WORKLOADS = ("gpt", "pointwise", "neuron-mlp", "adamw-step")
-MODES = ("eager", "adaptive", "forced", "forced-aot", "no-step", "no-verify", "sync")
+MODES = ("eager", "adaptive", "forced", "forced-aot", "no-step", "no-verify", "sync", "torch-compile")
 _OPTIONS: dict[str, dict[str, Any]] = {
     "adaptive": {},
     "no-step": {"optimizer_step": False},  # default options, the compiled optimizer step off
@@ -88,7 +91,7 @@ def reset_peak() -> None:
         f.write("5")  # resets VmHWM to the current resident set
 
 
-def _gpt() -> tuple[Callable[[], float], Any]:
+def _gpt(compiled: bool = False) -> tuple[Callable[[], float], Any]:
     import torch
 
     from .workloads._gpt import GPT
@@ -97,14 +100,17 @@ def _gpt() -> tuple[Callable[[], float], Any]:
     model = GPT(vocab=512, d=512, n_layers=4, n_heads=8, max_t=256)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = [torch.randint(0, 512, (16, 256)) for _ in range(4)]
+    # torch-compile: the model and the step compiled by hand (torch.compile's recipe)
+    forward = torch.compile(model) if compiled else model
+    opt_step = torch.compile(opt.step) if compiled else opt.step
 
     def step(i: int) -> float:
         b = data[i % len(data)]
         x, y = b[:, :-1], b[:, 1:]
-        logits = model(x)
+        logits = forward(x)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 512), y.reshape(-1))
         loss.backward()
-        opt.step()
+        opt_step()
         opt.zero_grad(set_to_none=True)
         return loss.item()
 
@@ -188,9 +194,11 @@ def run_one(workload: str, mode: str) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    step, counts = _BUILD[workload]()
+    if mode == "torch-compile" and workload != "gpt":
+        raise SystemExit(f"mode torch-compile: gpt only, not {workload}")
+    step, counts = _gpt(compiled=True) if mode == "torch-compile" else _BUILD[workload]()
     neuron = workload.startswith("neuron")
-    if mode == "eager":
+    if mode in ("eager", "torch-compile"):
         ctx: Any = contextlib.nullcontext()
     else:
         import adaptive_eager as ae
@@ -209,16 +217,17 @@ def run_one(workload: str, mode: str) -> dict[str, Any]:
             torch.neuron.reset_peak_memory_stats()
             dev_start = torch.neuron.memory_allocated()
         loaded = _inductor_loaded()
+        before = status_kib("VmHWM")  # the process's peak so far (imports, build, warm-up)
         reset_peak()
         start = status_kib("VmRSS")
         for i in range(counts["warmup"], counts["warmup"] + counts["steps"]):
             losses.append(step(i))
         peak = status_kib("VmHWM")
     out: dict[str, Any] = {"workload": workload, "mode": mode, "peak_mib": (peak - start) / 1024,
-                           "losses": losses}
+                           "process_peak_mib": max(before, peak) / 1024, "losses": losses}
     if neuron:
         out["device_peak_mib"] = (torch.neuron.max_memory_allocated() - dev_start) / 2**20
-    if mode != "eager":
+    if mode not in ("eager", "torch-compile"):
         import adaptive_eager as ae
 
         st = ae.stats()
@@ -252,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                                capture_output=True, text=True, env=env)
             line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if r.returncode != 0 or line is None:
-                print(f"{w:12s} {m:11s} FAILED (rc {r.returncode}): {r.stderr.strip()[-400:]}")
+                print(f"{w:12s} {m:13s} FAILED (rc {r.returncode}): {r.stderr.strip()[-400:]}")
                 continue
             row = json.loads(line[7:])
             rows.append(row)
@@ -264,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             dev = f"  device peak {row['device_peak_mib']:8.1f} MiB" if "device_peak_mib" in row else ""
             rep = f"  replay peak {row['replay_peak_mib']:7.1f} MiB" if "replay_peak_mib" in row else ""
             ind = "  Inductor runtime loaded in the run" if row.get("inductor_loaded_in_run") else ""
-            print(f"{w:12s} {m:11s} peak +{row['peak_mib']:8.1f} MiB ({ratio}){dev}{rep}{same}{ind}", flush=True)
+            whole = f"  process peak {row['process_peak_mib']:7.0f} MiB" + \
+                (f" ({row['process_peak_mib'] / base['process_peak_mib']:.2f}x)" if base else "")
+            print(f"{w:12s} {m:13s} peak +{row['peak_mib']:8.1f} MiB ({ratio}){whole}{dev}{rep}{same}{ind}",
+                  flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
