@@ -47,17 +47,32 @@ import sys
 from typing import Any, Callable
 
 # Note [Where the GPT step's extra memory comes from]
-# The ``gpt`` row under default options peaked 1.12-1.16x eager's (+630 to +651 against
-# +563 MiB), 1.01x with the optimizer step off. The compiled step's tensors are not the
-# cause: its Inductor code is one in-place kernel over (params, grads, moments) with no
-# buffers; the ``adamw-step`` row (the step alone) peaks below eager's once compiled
-# (``sync``: +49.4 against +57.5 MiB); on the emulated neuron device its steps add 0 bytes
-# where eager's foreach AdamW adds one parameter-sized list (tests/test_optim_compile.py).
-# The extra is the program's process loading Inductor's runtime to run the artifact the
-# compile worker made: importing ``torch._inductor.CompiledArtifact`` and the modules its
-# code needs measured +115 MiB resident (~1,400 modules), a fixed cost whatever the
-# model's size, paid inside the measured steps because the step's compile finishes there.
-# Host memory only: the device counters do not move.
+# The ``gpt`` row under default options peaked 1.12x eager's (+632 against +563 MiB), 1.23x
+# with ``sync``. Measured per phase (the peak and resident set of forward, backward, step,
+# zero_grad and read of each step, the peak reset at each) and by toggling features, the
+# excess was a resident set that grew step after step and stayed, not a transient:
+# - AdamW's step, traced under a capturing mode, kept AdamW's ``torch.tensor(1.0)`` (its CPU
+#   step counters) as a handle among its constants: the compile worker refused the job and
+#   the step compiled in the program's process, Inductor's lowering and code generation
+#   included: the resident set after a step grew to +135 MiB over eager's by the fifth
+#   step, +70 MiB since. Now traced off the mode stack, it compiles in the worker
+#   (dispatch/optim_compile.py); ``sync`` 1.23x -> 1.12x.
+# - A step's compile in flight kept the real grads of the step it was traced at as examples,
+#   beside the next step's: one gradient-sized list (Note [A step's compile holds no
+#   gradient]; emulated neuron MLP: device peak 19.0 -> 13.0 MiB, eager 13.0).
+# What is left (+67 MiB, 2026-12-02): running any Inductor artifact in the program loads
+# Inductor's loader (``CompiledArtifact.load``: torch._inductor.compile_fx and what it
+# imports, 591 modules, +45.2 MiB resident past the torch._dynamo that ``torch.optim``
+# already imports in eager), about 15 MiB of loaded artifacts and their state, and ~10 MiB
+# of the runtime's own tables (``backend="eager"``, default options: +7 to +11 MiB after
+# five steps). A fixed cost, whatever the model's size: over the process's life the row
+# peaks at 1.07x eager's (1103 against 1031 MiB). ``torch-compile`` (the model and the step
+# compiled by hand) peaks at 1.03x eager's in the measured steps, having loaded all of
+# Inductor in its warm-up, and at 1.17x (1204 MiB) over its life.
+# The compiled step's tensors are not a cause: its Inductor code is one in-place kernel over
+# (params, grads, moments) with no buffers. Its first call is checked on copies of every
+# input (params, grads and AdamW's two moments: ~4x the parameters, +207 MiB for a moment
+# in that step), after the activations are freed: it does not move this peak.
 # Until the step is compiled, a captured step runs with ``foreach=True`` (dispatch/optim.py),
 # whose list intermediates hold one parameter-sized copy where torch's CPU default (the
 # single-tensor step) holds one parameter's: ``adamw-step`` peaked +98.5 MiB under default
