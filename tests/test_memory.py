@@ -10,6 +10,7 @@ emulated neuron device counts its memory as CUDA does, so these tests read devic
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 
@@ -422,3 +423,66 @@ def test_a_step_traced_while_capturing_can_be_compiled_in_the_worker():
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "NOT FOR THE WORKER []" in r.stdout, r.stdout
+
+
+def _step_with_backend(backend, steps=4):
+    """AdamW over three params, with grads made outside the block; the params after."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64)) for _ in range(3)]
+    grads = [torch.randn(64) for _ in params]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    ctx = ae.adaptive_eager(backend=backend, optimizer_step_after_ms=0, async_compile=False) \
+        if backend else contextlib.nullcontext()
+    with ctx:
+        for _ in range(steps):
+            for p, g in zip(params, grads):
+                p.grad = g
+            opt.step()
+    return params, grads
+
+
+def test_a_steps_first_call_copies_what_it_writes_not_the_grads():
+    # Note [A step's first call copies what it writes] (dispatch/optim_compile.py)
+    from adaptive_eager.runtime.backends import register_backend, unregister_backend
+
+    calls = []
+
+    def pointers(gm, example):
+        def call(*args):
+            calls.append([a.data_ptr() for a in args if isinstance(a, torch.Tensor)])
+            return gm(*args)
+        return call
+
+    register_backend("pointers", pointers, debugging=True)
+    try:
+        params, grads = _step_with_backend("pointers")
+    finally:
+        unregister_backend("pointers")
+    want, _ = _step_with_backend(None)
+    assert ae.stats().optimizer_steps_compiled > 0 and calls
+    first = set(calls[0])
+    assert {g.data_ptr() for g in grads} <= first          # grads: the program's own
+    assert not {p.data_ptr() for p in params} & first      # params: copies
+    for a, b in zip(params, want):
+        assert torch.equal(a.detach(), b.detach())
+
+
+def test_a_steps_first_call_that_writes_the_grads_raises():
+    from adaptive_eager.runtime.backends import register_backend, unregister_backend
+    from adaptive_eager.runtime.first_call import CompiledCodeWroteInput
+
+    def scribbler(gm, example):
+        def call(*args):
+            out = gm(*args)
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.dim() == 1 and not isinstance(a, torch.nn.Parameter):
+                    a.add_(1.0)  # grads and moments; the moments are copies
+            return out
+        return call
+
+    register_backend("scribbler", scribbler, debugging=True)
+    try:
+        with pytest.raises(CompiledCodeWroteInput, match="wrote grads"):
+            _step_with_backend("scribbler")
+    finally:
+        unregister_backend("scribbler")

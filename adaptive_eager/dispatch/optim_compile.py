@@ -32,9 +32,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..runtime.backends import is_debugging
 from ..runtime.cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
-from ..runtime.checks import clone_strided, close
+from ..runtime.checks import bits_hash, clone_strided, close
 from ..runtime.compile_worker import THREADS_META
-from ..runtime.first_call import on_host
+from ..runtime.first_call import CompiledCodeWroteInput, on_host
 from ..runtime.optim_fast import KnownStep
 from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
                                    trace_step)
@@ -292,6 +292,34 @@ class StepCompiler:
         _set_versions(tuple(inputs), tuple(versions))
         return ok, got
 
+    def _call_on_copies(self, entry: Any, service: Any, inputs: list, grads: frozenset, rest: list,
+                        counters: Any, cls: Any) -> list | None:
+        """The first compiled call on the CPU, on copies of what the step writes; the list
+        it was called on (grads: the program's own), or None when the call failed.
+
+        Note [A step's first call copies what it writes]: the traced step never writes a
+        grad (Note [Grads stay the program's], runtime/optim_graph.py), so grads are handed
+        as they are and hashed before and after, as a large region's lean check does
+        (runtime/first_call.py): AdamW's copies are 3 parameter-sized lists, not 4 (the
+        step alone over the GPT's 49.6 MiB of parameters, ``python -m benchmarks.memory
+        --workloads adamw-step --modes sync``: process peak 772 -> 723 MiB, 613 unchecked).
+        A grad the compiled code wrote cannot be put back: the step goes eager-only and
+        CompiledCodeWroteInput is raised at the program's ``step()``.
+        """
+        with torch.no_grad(), _disable_current_modes():  # real copies, not captured ones
+            hashes = {j: bits_hash(inputs[j]) for j in grads}
+            call = [t if j in hashes else clone_strided(t) for j, t in enumerate(inputs)]
+        if not self._call(entry, service, call + rest, counters, cls):
+            return None
+        with torch.no_grad(), _disable_current_modes():
+            changed = [j for j, h in hashes.items() if bits_hash(inputs[j]) != h]
+        if changed:
+            reason = f"{R.COMPILED_OUTPUTS_DIFFER}: the compiled optimizer step wrote grads ({changed})"
+            service.fail(entry.region, reason, stays_correct=False)
+            _note(counters, cls, f"eager: {Why.FAILED}: compiled step wrote its grads")
+            raise CompiledCodeWroteInput(reason)
+        return call
+
     def after_step(self, opt: Any) -> None:
         """Our (first) step post-hook: the groups back; a first compiled call checked."""
         t0 = self._started.pop(opt, None)
@@ -432,9 +460,8 @@ class StepCompiler:
                     # copies], runtime/first_call.py): device memory stays at eager's
                     ok, copies = self._call_via_host(entry, service, inputs, rest, counters, cls)
                 else:
-                    with torch.no_grad(), _disable_current_modes():  # real copies, not captured ones
-                        copies = [clone_strided(t) for t in inputs]
-                    ok = self._call(entry, service, copies + rest, counters, cls)
+                    copies = self._call_on_copies(entry, service, inputs, got.grads, rest, counters, cls)
+                    ok = copies is not None
                 if ok:
                     exact = is_debugging(mode.options.backend)
                     self._pending()[opt] = (opt.param_groups, (entry, service, inputs, copies, mode, exact))
