@@ -60,7 +60,9 @@ from typing import Any, Callable
 # - A step's compile in flight kept the real grads of the step it was traced at as examples,
 #   beside the next step's: one gradient-sized list (Note [A step's compile holds no
 #   gradient]; emulated neuron MLP: device peak 19.0 -> 13.0 MiB, eager 13.0).
-# What is left (+67 MiB, 2026-12-02): running any Inductor artifact in the program loads
+# What is left (+67 MiB, 2026-12-02, with the region cache and Inductor's caches warm; with
+# both fresh, ``ADAPTIVE_EAGER_CACHE_DIR=off`` and a new ``TORCHINDUCTOR_CACHE_DIR``, fewer
+# artifacts land in the measured steps: adaptive 1.09x, sync 1.11x, process 1.06-1.07x): running any Inductor artifact in the program loads
 # Inductor's loader (``CompiledArtifact.load``: torch._inductor.compile_fx and what it
 # imports, 591 modules, +45.2 MiB resident past the torch._dynamo that ``torch.optim``
 # already imports in eager), about 15 MiB of loaded artifacts and their state, and ~10 MiB
