@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..runtime.backends import is_debugging
 from ..runtime.cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
-from ..runtime.checks import bits_hash, clone_strided, close
+from ..runtime.checks import clone_strided, close
 from ..runtime.compile_worker import THREADS_META
 from ..runtime.first_call import CompiledCodeWroteInput, on_host
 from ..runtime.optim_fast import KnownStep
@@ -306,13 +306,15 @@ class StepCompiler:
         A grad the compiled code wrote cannot be put back: the step goes eager-only and
         CompiledCodeWroteInput is raised at the program's ``step()``.
         """
+        # hashes kept as tensors and compared with torch.equal: an int() of one is a read
+        # the parked runtime would count as the program's (checks.bits_hash is that int)
         with torch.no_grad(), _disable_current_modes():  # real copies, not captured ones
-            hashes = {j: bits_hash(inputs[j]) for j in grads}
+            hashes = {j: torch.hash_tensor(inputs[j]) for j in grads if inputs[j].numel()}  # float, dense
             call = [t if j in hashes else clone_strided(t) for j, t in enumerate(inputs)]
         if not self._call(entry, service, call + rest, counters, cls):
             return None
         with torch.no_grad(), _disable_current_modes():
-            changed = [j for j, h in hashes.items() if bits_hash(inputs[j]) != h]
+            changed = [j for j, h in hashes.items() if not torch.equal(torch.hash_tensor(inputs[j]), h)]
         if changed:
             reason = f"{R.COMPILED_OUTPUTS_DIFFER}: the compiled optimizer step wrote grads ({changed})"
             service.fail(entry.region, reason, stays_correct=False)
