@@ -10,6 +10,7 @@ emulated neuron device counts its memory as CUDA does, so these tests read devic
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 
@@ -336,3 +337,152 @@ def test_a_training_loop_holds_no_more_device_memory_than_eager(backend):
     # first compiled calls are checked on host copies (Note [The first compiled call runs
     # on copies]), replays free at last use: never above eager's device peak
     assert peak <= 1.1 * eager_peak, (peak / 2**20, eager_peak / 2**20)
+
+
+def _train_between_steps(ctx, steps=6):
+    """Device bytes held after each step of a small AdamW loop (grads set to None)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64)).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(128, 64).to("neuron"), torch.randn(128, 64).to("neuron")
+    held, losses = [], []
+    with ctx:
+        for _ in range(steps):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            held.append(torch.neuron.memory_allocated())
+    return losses, held
+
+
+def test_a_steps_compile_in_flight_keeps_no_gradient_alive():
+    # Note [A step's compile holds no gradient] (dispatch/optim_compile.py): the compile
+    # of AdamW's step is held in flight for the whole loop; what it keeps as examples
+    # must not be the grads the program drops at zero_grad.
+    import contextlib
+    import threading
+
+    from adaptive_eager.runtime.backends import register_backend, unregister_backend
+
+    release, seen = threading.Event(), []
+
+    def blocked(gm, example):
+        seen.append(len(example))
+        release.wait(30)
+        return gm
+
+    register_backend("blocked_eager", blocked, debugging=True)
+    try:
+        want, eager_held = _train_between_steps(contextlib.nullcontext())
+        got, held = _train_between_steps(ae.adaptive_eager(
+            device="neuron", backend="blocked_eager", optimizer_step_after_ms=0, **FORCED))
+        in_flight = ae.stats().optimizer_steps_compiled == 0 and seen
+    finally:
+        release.set()
+        unregister_backend("blocked_eager")
+    assert in_flight, "the step's compile was not in flight during the loop"
+    assert got == want
+    # bytes held between steps are eager's, the step's compile in flight or not
+    assert held == eager_held, ([h / 2**10 for h in held], [h / 2**10 for h in eager_held])
+
+
+_TRACED_WHILE_CAPTURING = """
+import torch, adaptive_eager as ae
+from adaptive_eager.runtime.backends import register_backend
+examples = []
+register_backend("recording_eager", lambda gm, ex: (examples.append([type(x).__name__ for x in ex]), gm)[1], debugging=True)
+torch.manual_seed(0)
+model = torch.nn.Linear(16, 16)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+with ae.adaptive_eager(backend="recording_eager", optimizer_step_after_ms=0, async_compile=False,
+                       adaptive_passthrough=False, warmup=False):
+    for _ in range(4):
+        loss = model(torch.randn(4, 16)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+assert examples and ae.stats().optimizer_steps_compiled > 0
+print("NOT FOR THE WORKER", [i for i, x in enumerate(examples[0]) if x == "LazyTensor"])
+"""
+
+
+def test_a_step_traced_while_capturing_can_be_compiled_in_the_worker():
+    # AdamW makes ``torch.tensor(1.0)`` for its CPU step counters; traced under a capturing
+    # mode it became a handle among the step's constants, which the compile worker cannot
+    # take: the step compiled in-process and loaded Inductor's compiler into the program
+    # (python -m benchmarks.memory gpt). A fresh process, as a program runs; types are
+    # taken at the compile (a handle, once bound, becomes a plain tensor).
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _TRACED_WHILE_CAPTURING], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "NOT FOR THE WORKER []" in r.stdout, r.stdout
+
+
+def _step_with_backend(backend, steps=4):
+    """AdamW over three params, with grads made outside the block; the params after."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64)) for _ in range(3)]
+    grads = [torch.randn(64) for _ in params]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    ctx = ae.adaptive_eager(backend=backend, optimizer_step_after_ms=0, async_compile=False) \
+        if backend else contextlib.nullcontext()
+    with ctx:
+        for _ in range(steps):
+            for p, g in zip(params, grads):
+                p.grad = g
+            opt.step()
+    return params, grads
+
+
+def test_a_steps_first_call_copies_what_it_writes_not_the_grads():
+    # Note [A step's first call copies what it writes] (dispatch/optim_compile.py)
+    from adaptive_eager.runtime.backends import register_backend, unregister_backend
+
+    calls = []
+
+    def pointers(gm, example):
+        def call(*args):
+            calls.append([a.data_ptr() for a in args if isinstance(a, torch.Tensor)])
+            return gm(*args)
+        return call
+
+    register_backend("pointers", pointers, debugging=True)
+    try:
+        params, grads = _step_with_backend("pointers")
+    finally:
+        unregister_backend("pointers")
+    want, _ = _step_with_backend(None)
+    assert ae.stats().optimizer_steps_compiled > 0 and calls
+    first = set(calls[0])
+    assert {g.data_ptr() for g in grads} <= first          # grads: the program's own
+    assert not {p.data_ptr() for p in params} & first      # params: copies
+    for a, b in zip(params, want):
+        assert torch.equal(a.detach(), b.detach())
+
+
+def test_a_steps_first_call_that_writes_the_grads_raises():
+    from adaptive_eager.runtime.backends import register_backend, unregister_backend
+    from adaptive_eager.runtime.first_call import CompiledCodeWroteInput
+
+    def scribbler(gm, example):
+        def call(*args):
+            out = gm(*args)
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.dim() == 1 and not isinstance(a, torch.nn.Parameter):
+                    a.add_(1.0)  # grads and moments; the moments are copies
+            return out
+        return call
+
+    register_backend("scribbler", scribbler, debugging=True)
+    try:
+        with pytest.raises(CompiledCodeWroteInput, match="wrote grads"):
+            _step_with_backend("scribbler")
+    finally:
+        unregister_backend("scribbler")

@@ -26,7 +26,10 @@ and every window is replayed); ``forced-aot`` (the same with ``aot_eager`` and
 synchronous compiles: windows run as compiled regions); ``no-step`` and ``no-verify``
 (default options, the compiled optimizer step off, or first compiled calls unchecked);
 ``sync`` (default options, synchronous compiles: what compiles is ready before the
-measured steps). Adaptive rows say when Inductor's runtime was first loaded into the
+measured steps); ``torch-compile`` (``gpt`` only: ``torch.compile(model)`` and
+``torch.compile(opt.step)``, no adaptive eager; its compiles land in the warm-up step).
+Each row also gives the process's peak resident set over its whole life (imports, build,
+warm-up and measured steps: issue 20's first measure). Adaptive rows say when Inductor's runtime was first loaded into the
 process during the measured steps (Note [Where the GPT step's extra memory comes from]).
 
 Example::
@@ -44,24 +47,42 @@ import sys
 from typing import Any, Callable
 
 # Note [Where the GPT step's extra memory comes from]
-# The ``gpt`` row under default options peaked 1.12-1.16x eager's (+630 to +651 against
-# +563 MiB), 1.01x with the optimizer step off. The compiled step's tensors are not the
-# cause: its Inductor code is one in-place kernel over (params, grads, moments) with no
-# buffers; the ``adamw-step`` row (the step alone) peaks below eager's once compiled
-# (``sync``: +49.4 against +57.5 MiB); on the emulated neuron device its steps add 0 bytes
-# where eager's foreach AdamW adds one parameter-sized list (tests/test_optim_compile.py).
-# The extra is the program's process loading Inductor's runtime to run the artifact the
-# compile worker made: importing ``torch._inductor.CompiledArtifact`` and the modules its
-# code needs measured +115 MiB resident (~1,400 modules), a fixed cost whatever the
-# model's size, paid inside the measured steps because the step's compile finishes there.
-# Host memory only: the device counters do not move.
+# The ``gpt`` row under default options peaked 1.12x eager's (+632 against +563 MiB), 1.23x
+# with ``sync``. Measured per phase (the peak and resident set of forward, backward, step,
+# zero_grad and read of each step, the peak reset at each) and by toggling features, the
+# excess was a resident set that grew step after step and stayed, not a transient:
+# - AdamW's step, traced under a capturing mode, kept AdamW's ``torch.tensor(1.0)`` (its CPU
+#   step counters) as a handle among its constants: the compile worker refused the job and
+#   the step compiled in the program's process, Inductor's lowering and code generation
+#   included: the resident set after a step grew to +135 MiB over eager's by the fifth
+#   step, +70 MiB since. Now traced off the mode stack, it compiles in the worker
+#   (dispatch/optim_compile.py); ``sync`` 1.23x -> 1.12x.
+# - A step's compile in flight kept the real grads of the step it was traced at as examples,
+#   beside the next step's: one gradient-sized list (Note [A step's compile holds no
+#   gradient]; emulated neuron MLP: device peak 19.0 -> 13.0 MiB, eager 13.0).
+# What is left (+67 MiB, 2026-12-02, with the region cache and Inductor's caches warm; with
+# both fresh, ``ADAPTIVE_EAGER_CACHE_DIR=off`` and a new ``TORCHINDUCTOR_CACHE_DIR``, fewer
+# artifacts land in the measured steps: adaptive 1.09x, sync 1.11x, process 1.06-1.07x): running any Inductor artifact in the program loads
+# Inductor's loader (``CompiledArtifact.load``: torch._inductor.compile_fx and what it
+# imports, 591 modules, +45.2 MiB resident past the torch._dynamo that ``torch.optim``
+# already imports in eager), about 15 MiB of loaded artifacts and their state, and ~10 MiB
+# of the runtime's own tables (``backend="eager"``, default options: +7 to +11 MiB after
+# five steps). A fixed cost, whatever the model's size: over the process's life the row
+# peaks at 1.07x eager's (1103-1104 against 1031 MiB). ``torch-compile`` (the model and the
+# step compiled by hand) peaks at 1.03x eager's in the measured steps, having loaded all of
+# Inductor in its warm-up, and at 1.17x then 1.09x over its life (1204, then 1123 MiB with
+# Inductor's caches warm).
+# The compiled step's tensors are not a cause: its Inductor code is one in-place kernel over
+# (params, grads, moments) with no buffers. Its first call is checked on copies of every
+# input (params, grads and AdamW's two moments: ~4x the parameters, +207 MiB for a moment
+# in that step), after the activations are freed: it does not move this peak.
 # Until the step is compiled, a captured step runs with ``foreach=True`` (dispatch/optim.py),
 # whose list intermediates hold one parameter-sized copy where torch's CPU default (the
 # single-tensor step) holds one parameter's: ``adamw-step`` peaked +98.5 MiB under default
 # options with its compile not ready in the measured steps. In the GPT step that copy
 # comes after the activations are freed and does not move the peak.
 WORKLOADS = ("gpt", "pointwise", "neuron-mlp", "adamw-step")
-MODES = ("eager", "adaptive", "forced", "forced-aot", "no-step", "no-verify", "sync")
+MODES = ("eager", "adaptive", "forced", "forced-aot", "no-step", "no-verify", "sync", "torch-compile")
 _OPTIONS: dict[str, dict[str, Any]] = {
     "adaptive": {},
     "no-step": {"optimizer_step": False},  # default options, the compiled optimizer step off
@@ -88,7 +109,7 @@ def reset_peak() -> None:
         f.write("5")  # resets VmHWM to the current resident set
 
 
-def _gpt() -> tuple[Callable[[], float], Any]:
+def _gpt(compiled: bool = False) -> tuple[Callable[[], float], Any]:
     import torch
 
     from .workloads._gpt import GPT
@@ -97,14 +118,17 @@ def _gpt() -> tuple[Callable[[], float], Any]:
     model = GPT(vocab=512, d=512, n_layers=4, n_heads=8, max_t=256)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = [torch.randint(0, 512, (16, 256)) for _ in range(4)]
+    # torch-compile: the model and the step compiled by hand (torch.compile's recipe)
+    forward = torch.compile(model) if compiled else model
+    opt_step = torch.compile(opt.step) if compiled else opt.step
 
     def step(i: int) -> float:
         b = data[i % len(data)]
         x, y = b[:, :-1], b[:, 1:]
-        logits = model(x)
+        logits = forward(x)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 512), y.reshape(-1))
         loss.backward()
-        opt.step()
+        opt_step()
         opt.zero_grad(set_to_none=True)
         return loss.item()
 
@@ -188,9 +212,11 @@ def run_one(workload: str, mode: str) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    step, counts = _BUILD[workload]()
+    if mode == "torch-compile" and workload != "gpt":
+        raise SystemExit(f"mode torch-compile: gpt only, not {workload}")
+    step, counts = _gpt(compiled=True) if mode == "torch-compile" else _BUILD[workload]()
     neuron = workload.startswith("neuron")
-    if mode == "eager":
+    if mode in ("eager", "torch-compile"):
         ctx: Any = contextlib.nullcontext()
     else:
         import adaptive_eager as ae
@@ -209,16 +235,17 @@ def run_one(workload: str, mode: str) -> dict[str, Any]:
             torch.neuron.reset_peak_memory_stats()
             dev_start = torch.neuron.memory_allocated()
         loaded = _inductor_loaded()
+        before = status_kib("VmHWM")  # the process's peak so far (imports, build, warm-up)
         reset_peak()
         start = status_kib("VmRSS")
         for i in range(counts["warmup"], counts["warmup"] + counts["steps"]):
             losses.append(step(i))
         peak = status_kib("VmHWM")
     out: dict[str, Any] = {"workload": workload, "mode": mode, "peak_mib": (peak - start) / 1024,
-                           "losses": losses}
+                           "process_peak_mib": max(before, peak) / 1024, "losses": losses}
     if neuron:
         out["device_peak_mib"] = (torch.neuron.max_memory_allocated() - dev_start) / 2**20
-    if mode != "eager":
+    if mode not in ("eager", "torch-compile"):
         import adaptive_eager as ae
 
         st = ae.stats()
@@ -244,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         for m in a.modes.split(","):
             if w not in _BUILD or m not in MODES:
                 p.error(f"unknown workload or mode: {w!r} / {m!r}")
+            if m == "torch-compile" and w != "gpt":
+                print(f"{w:12s} {m:13s} skipped (torch-compile: gpt only)")
+                continue
             # Large blocks mmap'd and returned on free: the resident set follows the live
             # tensors instead of what glibc's heap keeps cached (its threshold otherwise
             # grows with the first frees, and a freed tensor stays resident).
@@ -252,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                                capture_output=True, text=True, env=env)
             line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if r.returncode != 0 or line is None:
-                print(f"{w:12s} {m:11s} FAILED (rc {r.returncode}): {r.stderr.strip()[-400:]}")
+                print(f"{w:12s} {m:13s} FAILED (rc {r.returncode}): {r.stderr.strip()[-400:]}")
                 continue
             row = json.loads(line[7:])
             rows.append(row)
@@ -264,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             dev = f"  device peak {row['device_peak_mib']:8.1f} MiB" if "device_peak_mib" in row else ""
             rep = f"  replay peak {row['replay_peak_mib']:7.1f} MiB" if "replay_peak_mib" in row else ""
             ind = "  Inductor runtime loaded in the run" if row.get("inductor_loaded_in_run") else ""
-            print(f"{w:12s} {m:11s} peak +{row['peak_mib']:8.1f} MiB ({ratio}){dev}{rep}{same}{ind}", flush=True)
+            whole = f"  process peak {row['process_peak_mib']:7.0f} MiB" + \
+                (f" ({row['process_peak_mib'] / base['process_peak_mib']:.2f}x)" if base else "")
+            print(f"{w:12s} {m:13s} peak +{row['peak_mib']:8.1f} MiB ({ratio}){whole}{dev}{rep}{same}{ind}",
+                  flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

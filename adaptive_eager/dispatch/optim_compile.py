@@ -34,9 +34,9 @@ from ..runtime.backends import is_debugging
 from ..runtime.cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from ..runtime.checks import close
 from ..runtime.compile_worker import THREADS_META
-from ..runtime.first_call import on_host
+from ..runtime.first_call import CompiledCodeWroteInput, on_host
 from ..runtime.optim_fast import KnownStep
-from ..runtime.step_check import BesideCheck, written_inputs
+from ..runtime.step_check import WROTE_READ_ONLY, BesideCheck, written_inputs
 from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
                                    trace_step)
 from ..reasons import R
@@ -110,12 +110,21 @@ def _unwrap(t: torch.Tensor) -> torch.Tensor | None:
     return t._ae_real if type(t) is LazyTensor else t
 
 
-def _example(t: torch.Tensor) -> torch.Tensor:
-    # a handle's specs only: holding its real tensor would keep the handle from being
-    # released (Note [Releasing bound handles])
-    if type(t) is not LazyTensor:
+# Note [A step's compile holds no gradient]
+# A step's compile keeps its example inputs until it finishes, several steps later when it
+# runs in the background. The program's params and state are alive then anyway, but
+# ``zero_grad(set_to_none=True)`` drops each step's grads: examples that were the real
+# grads kept one gradient-sized list alive beside the next step's grads (the emulated
+# neuron MLP loop: device peak 13.0 -> 19.0 MiB while AdamW's step compiled). So a grad
+# and a handle (whose real tensor must not be kept, Note [Releasing bound handles]) are
+# handed as uninitialized tensors of their specs, made where the backend takes its
+# examples (``examples_device``: the CPU for the emulated device): on the CPU, untouched
+# pages are never made resident.
+def _example(t: torch.Tensor, dropped: bool, device: Any) -> torch.Tensor:
+    """A compile example for step input ``t`` (``dropped``: the program may drop it)."""
+    if type(t) is not LazyTensor and not dropped:
         return t
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device or t.device)
 
 
 class StepCompiler:
@@ -343,6 +352,20 @@ class StepCompiler:
         _set_versions(tuple(inputs), tuple(versions))
         return ok, got
 
+    # Note [A step's first call copies what it writes]
+    # The traced step never writes a grad (Note [Grads stay the program's],
+    # runtime/optim_graph.py; :func:`~..runtime.step_check.written_inputs` reads that from
+    # the graph), so only what it writes is copied for its first call (params, state); the
+    # grads are the program's own, read by the call on the checker thread while eager's
+    # step reads them too, and hashed before and after the call: AdamW's copies are 3
+    # parameter-sized lists, not 4 (the step alone over the GPT's 49.6 MiB of parameters,
+    # ``python -m benchmarks.memory --workloads adamw-step --modes sync``: process peak
+    # 772 -> 723 MiB, 613 unchecked). The program waits for the call at the step's end
+    # (``after_step``, our first post-hook), so nothing of the program (a post-hook,
+    # ``zero_grad(set_to_none=False)``) writes a grad the call still reads. A grad the
+    # compiled code wrote cannot be put back: the step goes eager-only and
+    # CompiledCodeWroteInput is raised at the program's ``step()``.
+
     def after_step(self, opt: Any) -> None:
         """Our (first) step post-hook: the groups back; a first compiled call checked."""
         started = self._started.pop(opt, None)
@@ -361,6 +384,12 @@ class StepCompiler:
             if not mode._parked and len(mode.recorder):  # eager's step, captured: run it
                 mode.flush(R.OPTIMIZER_STEP, user_source())
             if called is not None:  # Note [The first compiled step is checked beside the program]
+                problem = BesideCheck.verdict(called)  # Note [A step's first call copies what it writes]
+                if problem is not None and problem[1] == WROTE_READ_ONLY:
+                    reason = f"{problem[0]}: the compiled optimizer step wrote grads"
+                    service.fail(entry.region, reason, stays_correct=False)
+                    _note(counters, entry.cls, f"eager: {Why.FAILED}: compiled step wrote its grads")
+                    raise CompiledCodeWroteInput(reason)
                 entry.verdict = self._beside.compare(called, inputs, copies,
                                                      sorted(written_inputs(entry.program.gm)), exact)
                 return
@@ -400,7 +429,12 @@ class StepCompiler:
         """Trace a new signature (or another branch of one) and queue its compile; this
         step runs eagerly."""
         try:
-            program = trace_step(opt, got)
+            # off the mode stack: a tensor the step makes (AdamW's ``torch.tensor(1.0)`` for
+            # its CPU step counters) becomes a constant of the program, and a captured one
+            # would be a handle, which the compile worker cannot take (the compile then ran
+            # in-process and loaded Inductor's compiler into the program: +115 MiB resident)
+            with _disable_current_modes():
+                program = trace_step(opt, got)
         except StateNotReady:
             _note(counters, cls, "eager: " + Why.STATE)
             return
@@ -430,7 +464,9 @@ class StepCompiler:
         _note(counters, cls, "signatures")
         steps = step_values(program, got.inputs) or []
         with _disable_current_modes():  # real example tensors (a pending handle: its specs)
-            example = [_example(t) for t in got.inputs] + list(program.consts) + \
+            device = getattr(service.compile_fn, "examples_device", None)
+            example = [_example(t, j in got.grads, device) for j, t in enumerate(got.inputs)] + \
+                list(program.consts) + \
                 (program.scalars(got.hyper, steps) or [])
         entry.build = (example, kernel_threads(got.inputs), is_debugging(backend))
         if service.from_disk(region, entry.build[1]):
@@ -497,9 +533,10 @@ class StepCompiler:
                     called = None
                 else:
                     # Note [The first compiled step is checked beside the program]
-                    with _disable_current_modes():  # real copies, not captured ones
-                        copies = self._beside.clone(inputs)
+                    # and Note [A step's first call copies what it writes]
                     written = written_inputs(entry.program.gm)
+                    with _disable_current_modes():  # real copies, not captured ones
+                        copies = self._beside.clone(inputs, written)
                     read_only = [i for i in range(len(inputs)) if i not in written]
                     called = self._beside.call(entry.region.fn, copies + rest, read_only)
                     ok = True

@@ -25,9 +25,11 @@ What each part checks, and why the result stays eager's:
   before it runs (compiled or not), so the comparison reads settled values. A program
   that writes them between steps (weight clipping in place) can only make the check
   fail: the step then stays eager, as it would for a real mismatch;
-- the inputs it only reads (grads) are checked on the copies alone: their bits before and
-  after the compiled call (:func:`~.checks.bits_hash`), so a program that zeroes its grads
-  in place (``zero_grad(set_to_none=False)``) meanwhile changes nothing here.
+- the inputs it only reads (grads) are not copied (Note [A step's first call copies what
+  it writes], dispatch/optim_compile.py): the call reads the program's own, and their
+  bits before and after it (:func:`~.checks.bits_hash`) show it wrote none; the program
+  waits for the call at the step's end, so nothing of it (``zero_grad(set_to_none=False)``,
+  a post-hook) writes a grad the call still reads.
 The real tensors are eager's throughout; a compiled call is never applied to them before
 its verdict, which the program's thread takes (:meth:`BesideCheck.verdict`).
 
@@ -43,13 +45,17 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures as cf
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 
 from ..reasons import R
 from .checks import bits_hash, clone_strided, close
 from .compiler import DaemonThread
+
+
+#: the report's words for a first call that wrote an input it only reads (a grad)
+WROTE_READ_ONLY = "compiled step wrote an input it only reads"
 
 
 def written_inputs(gm: Any) -> frozenset[int]:
@@ -90,12 +96,15 @@ class BesideCheck:
     def __init__(self) -> None:
         self._thread = DaemonThread("adaptive_eager-check")
 
-    def clone(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Copies of ``inputs`` (:func:`~.checks.clone_strided`), made by this thread and the
-        checker's, about half the bytes each; returns once all are made."""
+    def clone(self, inputs: Sequence[torch.Tensor],
+              only: Collection[int] | None = None) -> list[torch.Tensor]:
+        """Copies of ``inputs`` (:func:`~.checks.clone_strided`), those at ``only`` when
+        given (the others are handed as they are), made by this thread and the checker's,
+        about half the bytes each; returns once all are made."""
         theirs: list[int] = []
         mine = their_bytes = 0
-        for i in sorted(range(len(inputs)), key=lambda i: -inputs[i].nbytes):
+        picked = range(len(inputs)) if only is None else [i for i in range(len(inputs)) if i in only]
+        for i in sorted(picked, key=lambda i: -inputs[i].nbytes):
             if their_bytes < mine:
                 theirs.append(i)
                 their_bytes += inputs[i].nbytes
@@ -104,7 +113,8 @@ class BesideCheck:
         made = self._thread.submit(_clones, [inputs[i] for i in theirs])
         skip = set(theirs)
         with torch.no_grad():
-            copies = [None if i in skip else clone_strided(t) for i, t in enumerate(inputs)]
+            copies = [None if i in skip else clone_strided(t) if only is None or i in only else t
+                      for i, t in enumerate(inputs)]
         for i, c in zip(theirs, made.result()):  # the GIL is released while it waits
             copies[i] = c
         return copies  # type: ignore[return-value]
@@ -146,7 +156,7 @@ def _call(fn: Callable, args: list, read_only: tuple) -> Any:
         bad = next((i for i, h in zip(read_only, before) if bits_hash(args[i]) != h), None)
     if bad is not None:
         return (f"{R.COMPILED_OUTPUTS_DIFFER}: optimizer step input {bad} (read only) written",
-                "compiled step differs from eager")
+                WROTE_READ_ONLY)
     return None
 
 
@@ -164,4 +174,4 @@ def _compare(called: cf.Future, inputs: list, copies: list, written: tuple, exac
     return None
 
 
-__all__ = ["BesideCheck", "written_inputs"]
+__all__ = ["BesideCheck", "WROTE_READ_ONLY", "written_inputs"]
