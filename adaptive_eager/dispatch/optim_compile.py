@@ -356,8 +356,9 @@ class StepCompiler:
     # The traced step never writes a grad (Note [Grads stay the program's],
     # runtime/optim_graph.py; :func:`~..runtime.step_check.written_inputs` reads that from
     # the graph), so only what it writes is copied for its first call (params, state); the
-    # grads are the program's own, read by the call on the checker thread while eager's
-    # step reads them too, and hashed before and after the call: AdamW's copies are 3
+    # grads are the program's own, read by the call (on the program's thread, before
+    # eager's step: Note [No checker thread while OpenMP throttles its spin],
+    # runtime/step_check.py) and hashed before and after it: AdamW's copies are 3
     # parameter-sized lists, not 4 (the step alone over the GPT's 49.6 MiB of parameters,
     # ``python -m benchmarks.memory --workloads adamw-step --modes sync``: process peak
     # 772 -> 723 MiB, 613 unchecked). The program waits for the call at the step's end

@@ -1,4 +1,5 @@
-"""A compiled optimizer step's first call, checked beside the program (on another thread).
+"""A compiled optimizer step's first call, checked against eager's step (on the program's
+thread for now: Note [No checker thread while OpenMP throttles its spin]).
 
 Note [The first compiled step is checked beside the program]
 The first call of a compiled optimizer step runs on copies of its inputs and is compared
@@ -15,7 +16,9 @@ waits for them, but makes them with the checker thread: each clones about half t
 (:meth:`BesideCheck.clone`), on both cores when the machine has one to spare. Measured the
 same way (second run, load average 7.5-7.8): the check step 0.32 s of the program thread's
 CPU with the clones on its thread, 0.26 s with them shared; the next step waits for the
-verdict (90 ms CPU, its wall time whatever the checker still needs).
+verdict (90 ms CPU, its wall time whatever the checker still needs). Undone for now:
+Note [No checker thread while OpenMP throttles its spin] says why the parts run on the
+program's thread again, still copying only what the step writes.
 
 What each part checks, and why the result stays eager's:
 - the inputs the traced step writes (params, optimizer state: :func:`written_inputs`, from
@@ -51,7 +54,6 @@ import torch
 
 from ..reasons import R
 from .checks import bits_hash, clone_strided, close
-from .compiler import DaemonThread
 
 
 #: the report's words for a first call that wrote an input it only reads (a grad)
@@ -78,7 +80,7 @@ def written_inputs(gm: Any) -> frozenset[int]:
 
 
 class BesideCheck:
-    """Runs first compiled calls and their comparisons, in order, on one daemon thread;
+    """Runs first compiled calls and their comparisons, in order, on the calling thread;
     each returns a Future of a problem, ``(the compile service's reason, the optimizer
     report's words)``, or None when the check passed.
 
@@ -94,30 +96,15 @@ class BesideCheck:
     """
 
     def __init__(self) -> None:
-        self._thread = DaemonThread("adaptive_eager-check")
+        self._thread = _Inline()  # Note [No checker thread while OpenMP throttles its spin]
 
     def clone(self, inputs: Sequence[torch.Tensor],
               only: Collection[int] | None = None) -> list[torch.Tensor]:
         """Copies of ``inputs`` (:func:`~.checks.clone_strided`), those at ``only`` when
-        given (the others are handed as they are), made by this thread and the checker's,
-        about half the bytes each; returns once all are made."""
-        theirs: list[int] = []
-        mine = their_bytes = 0
-        picked = range(len(inputs)) if only is None else [i for i in range(len(inputs)) if i in only]
-        for i in sorted(picked, key=lambda i: -inputs[i].nbytes):
-            if their_bytes < mine:
-                theirs.append(i)
-                their_bytes += inputs[i].nbytes
-            else:
-                mine += inputs[i].nbytes
-        made = self._thread.submit(_clones, [inputs[i] for i in theirs])
-        skip = set(theirs)
+        given (the others are handed as they are)."""
         with torch.no_grad():
-            copies = [None if i in skip else clone_strided(t) if only is None or i in only else t
-                      for i, t in enumerate(inputs)]
-        for i, c in zip(theirs, made.result()):  # the GIL is released while it waits
-            copies[i] = c
-        return copies  # type: ignore[return-value]
+            return [clone_strided(t) if only is None or i in only else t
+                    for i, t in enumerate(inputs)]
 
     def call(self, fn: Callable, args: Sequence[Any], read_only: Sequence[int]) -> cf.Future:
         """``fn(*args)`` (args: copies, then constants), checking that it leaves the copies
@@ -141,9 +128,29 @@ class BesideCheck:
                     "compiled step differs from eager")
 
 
-def _clones(tensors: list) -> list:
-    with torch.no_grad():
-        return [clone_strided(t) for t in tensors]
+# Note [No checker thread while OpenMP throttles its spin]
+# The check first ran on a daemon thread beside the program (the demo's check step: 0.99 s
+# -> 0.26 s of the program thread's CPU). But a second thread that runs an OpenMP region
+# (a clone, the compiled kernel, a comparison over large tensors) makes libgomp manage
+# more threads than the machine has cores, and libgomp then throttles its spin-wait for
+# the whole process: the program's own team sleeps on a futex between parallel regions,
+# and a kernel with a barrier per tensor pays a wake-up at each. Measured (SGD-momentum
+# over the benchmarks' 100 tensors, 2 threads, idle, ``OMP_WAIT_POLICY`` unset): the
+# compiled step's kernel 0.65 ms -> 3.9 ms a call for the rest of the run, a step 1.5 ->
+# 5.0 ms (0.36x eager); ``OMP_WAIT_POLICY=passive`` shows the same 5 ms without any check.
+# So the check's parts run on the calling thread, in order (a Future already done), until
+# a checker thread can run without an OpenMP team of its own.
+class _Inline:
+    """``submit(fn, *args)`` runs ``fn`` now, on the calling thread: a done Future."""
+
+    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever reads the Future
+            fut.set_exception(e)
+        return fut
+
 
 
 def _call(fn: Callable, args: list, read_only: tuple) -> Any:
