@@ -391,8 +391,9 @@ class StepCompiler:
                     service.fail(entry.region, reason, stays_correct=False)
                     _note(counters, entry.cls, f"eager: {Why.FAILED}: compiled step wrote its grads")
                     raise CompiledCodeWroteInput(reason)
-                entry.verdict = self._beside.compare(called, inputs, copies,
-                                                     sorted(written_inputs(entry.program.gm)), exact)
+                with _disable_current_modes(), torch._C.DisableTorchFunction():  # off the mode
+                    entry.verdict = self._beside.compare(called, inputs, copies,
+                                                         sorted(written_inputs(entry.program.gm)), exact)
                 return
             with torch.no_grad(), _disable_current_modes():
                 bad = next((i for i, (a, b) in enumerate(zip(inputs, copies))
@@ -539,7 +540,8 @@ class StepCompiler:
                     with _disable_current_modes():  # real copies, not captured ones
                         copies = self._beside.clone(inputs, written)
                     read_only = [i for i in range(len(inputs)) if i not in written]
-                    called = self._beside.call(entry.region.fn, copies + rest, read_only)
+                    with _disable_current_modes(), torch._C.DisableTorchFunction():  # off the mode
+                        called = self._beside.call(entry.region.fn, copies + rest, read_only)
                     ok = True
                 if ok:
                     exact = is_debugging(mode.options.backend)
