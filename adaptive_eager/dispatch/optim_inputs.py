@@ -8,6 +8,10 @@ Example::
     1
     >>> example(torch.ones(2), dropped=True, device=None).shape
     torch.Size([2])
+    >>> p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.ones(2)
+    >>> e = example(p, dropped=False, device=None)
+    >>> (type(e).__name__, e.grad, e.data_ptr() == p.data_ptr())
+    ('Tensor', None, True)
 """
 from __future__ import annotations
 
@@ -28,10 +32,17 @@ from .lazy import LazyTensor
 # handed as uninitialized tensors of their specs, made where the backend takes its
 # examples (``examples_device``: the CPU for the emulated device): on the CPU, untouched
 # pages are never made resident.
+#
+# A kept input (a param, a state tensor) is handed detached: a plain tensor sharing its
+# memory, with no ``.grad``. Handing the Parameter itself made the backend's fake-tensor
+# conversion describe its ``.grad`` too, and a grad still pending in the window (a
+# captured backward, read by nothing yet) was then flushed from the compile thread: with
+# a synchronous compile that flush waited on the compiler running it, until the 120 s
+# compile timeout (tests/test_faults_dispatch.py's old-style weight decay, 2 minutes).
 def example(t: torch.Tensor, dropped: bool, device: Any) -> torch.Tensor:
     """A compile example for step input ``t`` (``dropped``: the program may drop it)."""
     if type(t) is not LazyTensor and not dropped:
-        return t
+        return t.detach()
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device or t.device)
 
 
