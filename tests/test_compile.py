@@ -411,3 +411,36 @@ def test_reshaped_windows_stop_deferral_sooner():
         policy.note(ex.run(Window({0: x}, nodes, {i: s for i in range(7)}, frozenset({6}))).verdict)
     assert needed < policy.novel_patience // 4
     assert not policy.should_defer()
+
+
+def test_a_compile_that_submits_another_never_waits_on_itself():
+    """Note [A compile never waits on its own thread]: a synchronous service whose compile
+    submits a second region (a flush from the compile thread) queues it, not deadlocks."""
+    import time
+
+    from adaptive_eager.runtime.cache import COMPILED, COMPILING, RegionEntry
+    from adaptive_eager.runtime.compiler import CompileService
+    from adaptive_eager.runtime.counters import Counters
+
+    gm = torch.fx.symbolic_trace(lambda x: (x + 1,))
+    inner = RegionEntry("inner")
+    seen = []
+
+    def compile_fn(g, ex):
+        if not seen:
+            seen.append(time.perf_counter())
+            svc.submit(inner, lambda: (gm, [torch.zeros(2)]))  # returns at once
+            seen.append(time.perf_counter())
+            assert inner.state == COMPILING  # queued behind this compile
+        return g
+
+    svc = CompileService(compile_fn, Counters(), async_=False, timeout_s=30)
+    outer = RegionEntry("outer")
+    svc.submit(outer, lambda: (gm, [torch.zeros(2)]))
+    assert seen[1] - seen[0] < 5, "the inner submit waited on the compile thread"
+    assert outer.state == COMPILED  # not failed by the timeout
+    for _ in range(100):  # the inner compile runs after the outer one
+        if inner.state != COMPILING:
+            break
+        time.sleep(0.02)
+    assert inner.state == COMPILED

@@ -112,6 +112,10 @@ class DaemonThread:
         self._thread: threading.Thread | None = None
         self._pid = -1
 
+    def is_current(self) -> bool:
+        """Whether the caller runs on this thread (a job that submits another)."""
+        return self._thread is threading.current_thread()
+
     def submit(self, fn: Callable, *args: Any) -> cf.Future:
         fut: cf.Future = cf.Future()
         self._jobs.put((fut, fn, args))
@@ -229,8 +233,17 @@ class CompileService:
             self.counters.compiles_in_flight += 1
         clog.debug("compile queued: region %s (%d graph nodes, %d in flight)", _short(entry.key),
                    len(getattr(getattr(gm, "graph", None), "nodes", ())), self.counters.compiles_in_flight)
-        fut = self._executor().submit(self._compile, entry, gm, example)
-        if not self.async_:
+        pool = self._executor()
+        fut = pool.submit(self._compile, entry, gm, example)
+        # Note [A compile never waits on its own thread]
+        # A compile can flush the program's window: a backend's fake-tensor conversion that
+        # reads a pending handle (a param's ``.grad`` still in the window) materializes it,
+        # and that flush may submit a region of its own. On the compile thread a
+        # synchronous wait for that job waits on the job running it: the program hung
+        # until the compile timeout (120 s) and the outer compile failed. So a submit from
+        # the compile thread never waits: the inner region runs eagerly until its compile,
+        # queued behind this one, is ready, as with an asynchronous service.
+        if not self.async_ and not pool.is_current():
             try:
                 fut.result(timeout=self.timeout_s or None)
             except cf.TimeoutError:
@@ -326,7 +339,7 @@ class CompileService:
             return False
         clog.debug("loading region %s from the disk cache", _short(entry.key))
         fut = self._executor().submit(self._load, entry, key)
-        if not self.async_:
+        if not self.async_ and not pool.is_current():
             try:
                 fut.result(timeout=self.timeout_s or None)
             except cf.TimeoutError:
