@@ -338,8 +338,9 @@ class CompileService:
         if not self.take_fuel() or not transition(entry, COMPILING):
             return False
         clog.debug("loading region %s from the disk cache", _short(entry.key))
-        fut = self._executor().submit(self._load, entry, key)
-        if not self.async_ and not pool.is_current():
+        pool = self._executor()
+        fut = pool.submit(self._load, entry, key)
+        if not self.async_ and not pool.is_current():  # Note [A compile never waits on its own thread]
             try:
                 fut.result(timeout=self.timeout_s or None)
             except cf.TimeoutError:
