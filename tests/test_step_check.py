@@ -1,12 +1,15 @@
 """Note [The first compiled step is checked beside the program] (runtime/step_check.py):
-the first call of a compiled optimizer step and its comparison with eager's run on the
-program's thread (Note [No checker thread while OpenMP throttles its spin]); a wrong compiled step still never reaches the
-program's tensors, and grads zeroed in place meanwhile do not fail the check."""
+the first call of a compiled optimizer step and its comparison with eager's run on a
+checker thread with one OpenMP thread while the program runs one torch thread, on the
+program's thread otherwise (Note [A checker thread with one OpenMP thread]); either way
+a wrong compiled step never reaches the program's tensors, and grads zeroed in place
+meanwhile do not fail the check."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 import adaptive_eager as ae
@@ -64,20 +67,64 @@ def _runtime(backend):
     return ae.adaptive_eager(backend=backend, async_compile=False, optimizer_step_after_ms=0)
 
 
-def test_the_first_compiled_call_runs_on_the_programs_thread():
-    # Note [No checker thread while OpenMP throttles its spin]: no second thread runs an
-    # OpenMP region, so the program's own team keeps its spin-wait
-    calls: list = []
-    ref = _train(8)
-    ae.reset_stats()
-    out = _train(8, _runtime(_backend(calls)))
+@pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
+def threads(request):
+    """The program's torch thread count (1: the check runs beside it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def _at(n: int) -> tuple:
+    """The compiled step's calls (their threads) in 8 steps at ``n`` torch threads, the
+    params checked against eager's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        calls: list = []
+        ref = _train(8)
+        ae.reset_stats()
+        out = _train(8, _runtime(_backend(calls)))
+    finally:
+        torch.set_num_threads(before)
     _close(ref, out)
-    assert set(calls) == {threading.current_thread().name}, calls
-    assert not any(t.name == "adaptive_eager-check" for t in threading.enumerate())
     assert ae.stats().optimizer_steps_compiled == len(calls) - 1 > 0
+    return calls
 
 
-def test_a_wrong_compiled_step_is_caught_and_never_applied():
+def test_at_two_threads_the_check_runs_on_the_programs_thread():
+    # Note [No checker thread while OpenMP throttles its spin]: no second thread runs an
+    # OpenMP region beside the program's team
+    assert set(_at(2)) == {threading.current_thread().name}
+
+
+def test_at_one_thread_the_first_call_runs_beside_the_program():
+    calls = _at(1)
+    assert calls[0] == "adaptive_eager-check", calls            # the check's call
+    assert set(calls[1:]) == {threading.current_thread().name}  # the compiled steps
+
+
+def test_the_checker_thread_runs_one_openmp_thread_and_leaves_the_programs_count():
+    from adaptive_eager.runtime import step_check
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen: list = []
+        t = threading.Thread(target=lambda: seen.append(
+            (step_check._one_omp_thread_here(), torch.get_num_threads())))
+        t.start()
+        t.join()
+        assert torch.get_num_threads() == 2  # the program's count: not torch.set_num_threads
+    finally:
+        torch.set_num_threads(before)
+    if step_check._openmp_runtime() is None:
+        pytest.skip("no OpenMP runtime in this process")
+    assert seen == [(True, 1)]
+
+
+def test_a_wrong_compiled_step_is_caught_and_never_applied(threads):
     def wrong(args):  # the first written input (a param) off by far more than rounding
         args[0].add_(1e-2)
 
@@ -91,7 +138,7 @@ def test_a_wrong_compiled_step_is_caught_and_never_applied():
     assert ae.stats().optimizer_steps_compiled == 0 and len(calls) == 1
 
 
-def test_a_compiled_step_writing_a_grad_is_caught():
+def test_a_compiled_step_writing_a_grad_is_caught(threads):
     def wrong(args):  # grads come after the params in the step's inputs; all are read only
         n = sum(1 for a in args if isinstance(a, torch.Tensor) and a.dim() > 0) // 4
         args[n].mul_(2)
@@ -104,7 +151,7 @@ def test_a_compiled_step_writing_a_grad_is_caught():
     assert ae.stats().optimizer_steps_compiled == 0, _kinds(O.AdamW)
 
 
-def test_grads_zeroed_in_place_during_the_check_do_not_fail_it():
+def test_grads_zeroed_in_place_during_the_check_do_not_fail_it(threads):
     """zero_grad(set_to_none=False) zeroes the grads the check's copies were made of while
     the comparison may still run: the grads are checked on the copies alone."""
     calls: list = []
@@ -130,7 +177,8 @@ def test_written_inputs_and_a_check_that_differs():
     assert problem is not None and "optimizer step input 0" in problem[0]
 
 
-def test_the_clones_are_made_on_the_calling_thread_and_equal_their_tensors(monkeypatch):
+def test_the_clones_are_shared_with_the_checker_at_one_thread_and_equal_their_tensors(
+        monkeypatch, threads):
     from adaptive_eager.runtime import step_check
 
     made_on: list = []
@@ -147,4 +195,5 @@ def test_the_clones_are_made_on_the_calling_thread_and_equal_their_tensors(monke
     assert kept[0].data_ptr() != ts[0].data_ptr() and all(a is b for a, b in zip(kept[1:], ts[1:]))
     assert all(torch.equal(a, b) and a.stride() == b.stride() and a.data_ptr() != b.data_ptr()
                for a, b in zip(ts, copies))
-    assert set(made_on) == {threading.current_thread().name}, made_on
+    here = threading.current_thread().name
+    assert set(made_on) == ({here, "adaptive_eager-check"} if threads == 1 else {here}), made_on
