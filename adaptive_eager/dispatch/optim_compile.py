@@ -96,10 +96,8 @@ class _Entry:
 
     def __init__(self, cls: str, program: StepProgram | None, region: RegionEntry | None,
                  reason: str = ""):
-        self.cls, self.program, self.region = cls, program, region
-        self.reason, self.checked = reason, False
-        # (example inputs, kernel threads, exact) while a disk load may still need a compile
-        self.build: tuple | None = None
+        self.cls, self.program, self.region, self.reason, self.checked = cls, program, region, reason, False
+        self.build: tuple | None = None  # (example inputs, kernel threads, exact) while a load may need a compile
         self.verdict: Any = None  # the first compiled call's check, beside the program (a Future)
 
 
@@ -350,6 +348,7 @@ class StepCompiler:
             t0, flusher, f0 = started
             flushes = flusher.thread_ns() - f0 if flusher is not None else 0
             self._spent[opt] = self._spent.get(opt, 0) + max(0, time.thread_time_ns() - t0 - flushes)
+        self._beside.stepped(opt)  # Note [The copies are made the step before] (runtime/step_check.py)
         held = self._pending().pop(opt, None)
         if held is None:
             return
@@ -369,7 +368,7 @@ class StepCompiler:
                     raise CompiledCodeWroteInput(reason)
                 with _disable_current_modes(), torch._C.DisableTorchFunction():  # off the mode
                     entry.verdict = self._beside.compare(called, inputs, copies,
-                                                         sorted(written_inputs(entry.program.gm)), exact)
+                                                         written_inputs(entry.program.gm), exact)
                 if entry.verdict.done():  # decided here (no checker thread): taken here
                     self._take_verdict(entry, service, counters)
                 return
@@ -509,6 +508,8 @@ class StepCompiler:
             return False
         rest = list(entry.program.consts) + scalars
         if not entry.checked:
+            if mode.options.verify_compiled and self._beside.later(opt, entry, inputs):  # copies the step before
+                return _note(counters, cls, "eager: " + Why.VERIFYING) or False
             entry.checked = True
             if mode.options.verify_compiled:
                 # Note [The optimizer step as one compiled unit]: the first call runs on
@@ -519,8 +520,7 @@ class StepCompiler:
                     ok, copies = self._call_via_host(entry, service, inputs, rest, counters, cls)
                     called = None
                 else:
-                    # Note [The first compiled step is checked beside the program] and Note
-                    # [A step's first call copies what it writes]; a one-thread kernel beside
+                    # Note [The first compiled step is checked beside the program], [A step's first call copies...]
                     written, ok = written_inputs(entry.program.gm), True
                     with _disable_current_modes():  # real copies, not captured ones
                         copies = self._beside.clone(inputs, written)
