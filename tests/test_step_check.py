@@ -210,6 +210,7 @@ def _checked_a_step_later(bump: bool) -> tuple:
     from adaptive_eager.runtime import step_check
     class Entry:  # the optimizer's trace, as far as the check reads it
         program = SimpleNamespace(gm=make_fx(lambda p, g: (p.add_(g),))(torch.ones(2), torch.ones(2)))
+        checked = False
 
     entry = Entry()
     made_on: list = []
@@ -233,6 +234,13 @@ def _checked_a_step_later(bump: bool) -> tuple:
             if bump:
                 p.add_(1.0)              # the program writes the param before the next step
             copies = c.clone([p, g], only={0})
+            made_on = list(made_on)              # the check's, not the ones below
+            assert not c._pre                    # used, or let go
+            c.later(opt, Entry(), [p, g])        # another trace: its copies start at the step's end,
+            c.stepped(opt)
+            assert c._pre
+            c.stepped(opt)                       # and, unused by the next step, are let go at its end
+            assert not c._pre
     finally:
         torch.set_num_threads(before)
     return copies, made_on, p, g

@@ -107,7 +107,9 @@ class BesideCheck:
         # optimizer -> its entries whose check waited a step once
         self._watched: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
         self._deferred: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
-        self._pre: tuple | None = None  # (tensors, their versions, indices, Future of copies)
+        # optimizer -> (tensors, their versions, indices, Future of copies), until its next
+        # step's end at most
+        self._pre: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
     def later(self, opt: Any, entry: Any, inputs: Sequence[Any]) -> bool:
         """Whether ``opt``'s first compiled step (``entry``: the optimizer's trace, with its
@@ -123,23 +125,29 @@ class BesideCheck:
         return True
 
     def stepped(self, opt: Any) -> None:
-        """``opt``'s step ended (its post-hook): start the copies :meth:`later` asked for."""
+        """``opt``'s step ended (its post-hook): start the copies :meth:`later` asked for
+        (copies made at its previous step's end and not used are let go)."""
+        self._pre.pop(opt, None)
         entry, inputs = self._watched.pop(opt, (None, None))
-        if entry is None:
+        if entry is None or entry.checked:
             return
         only = sorted(written_inputs(entry.program.gm))
         tensors = [inputs[i] for i in only]
         if all(type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter) for t in tensors) and \
                 all(t.device.type == "cpu" for t in tensors):
-            self._pre = (tensors, [t._version for t in tensors], only,
-                         self._checker().submit(_clones, tensors))
+            self._pre[opt] = (tensors, [t._version for t in tensors], only,
+                              self._checker().submit(_clones, tensors))
 
     def _precloned(self, inputs: Sequence[torch.Tensor], only: Collection[int] | None) -> list | None:
-        pre, self._pre = self._pre, None
-        if pre is None or only is None or pre[2] != sorted(only):
+        if only is None or not self._pre:
             return None
-        tensors, versions, picked, made = pre
-        if any(inputs[i] is not t or t._version != v for i, t, v in zip(picked, tensors, versions)):
+        wanted = sorted(only)
+        opt = next((o for o, (ts, _, picked, _) in list(self._pre.items())
+                    if picked == wanted and all(inputs[i] is t for i, t in zip(picked, ts))), None)
+        if opt is None:
+            return None
+        tensors, versions, picked, made = self._pre.pop(opt)
+        if any(t._version != v for t, v in zip(tensors, versions)):
             return None
         copies = list(inputs)
         for i, c in zip(picked, made.result()):  # the GIL is released while it waits
