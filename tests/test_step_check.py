@@ -228,15 +228,15 @@ def _checked_a_step_later(bump: bool) -> tuple:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(step_check, "clone_strided", spy)
             c = BesideCheck()
-            assert c.later(opt, entry, [p, g])   # the first time: checked at the next step
+            assert c.later(opt, entry, [p, g], lambda: 0)   # the first time: checked at the next step
             c.stepped(opt)               # the step's end: the copies start on the checker
-            assert not c.later(opt, entry, [p, g])  # once only
+            assert not c.later(opt, entry, [p, g], lambda: 0)  # once only
             if bump:
                 p.add_(1.0)              # the program writes the param before the next step
             copies = c.clone([p, g], only={0})
             made_on = list(made_on)              # the check's, not the ones below
             assert not c._pre                    # used, or let go
-            c.later(opt, Entry(), [p, g])        # another trace: its copies start at the step's end,
+            c.later(opt, Entry(), [p, g], lambda: 0)        # another trace: its copies start at the step's end,
             c.stepped(opt)
             assert c._pre
             c.stepped(opt)                       # and, unused by the next step, are let go at its end
@@ -255,4 +255,30 @@ def test_the_copies_are_made_the_step_before_on_the_checker():
 def test_copies_made_the_step_before_are_not_used_after_a_write():
     copies, made_on, p, g = _checked_a_step_later(bump=True)
     assert len(made_on) == 2, made_on                    # made again, after the write
+    assert torch.equal(copies[0], p) and copies[1] is g
+
+
+def test_no_copies_the_step_before_while_its_writes_are_still_captured():
+    """The step's ops captured, to run at a later flush: the real tensors still hold the
+    values before the step (their versions already the step's), so no copies are made
+    then and the check makes its own."""
+    from types import SimpleNamespace
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda p, g: (p.add_(g),))(torch.ones(2), torch.ones(2))
+    entry = SimpleNamespace(program=SimpleNamespace(gm=gm), checked=False)
+    opt = O.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    p, g = torch.randn(1000), torch.randn(1000)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        c = BesideCheck()
+        assert c.later(opt, entry, [p, g], lambda: 3)  # three captured ops not run yet
+        c.stepped(opt)
+        assert not c._pre
+        p.add_(g)                                      # the flush runs the step's writes
+        copies = c.clone([p, g], only={0})
+    finally:
+        torch.set_num_threads(before)
     assert torch.equal(copies[0], p) and copies[1] is g

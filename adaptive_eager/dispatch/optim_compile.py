@@ -508,7 +508,7 @@ class StepCompiler:
             return False
         rest = list(entry.program.consts) + scalars
         if not entry.checked:
-            if mode.options.verify_compiled and self._beside.later(opt, entry, inputs):  # copies the step before
+            if mode.options.verify_compiled and self._beside.later(opt, entry, inputs, lambda: len(mode.recorder)):
                 return _note(counters, cls, "eager: " + Why.VERIFYING) or False
             entry.checked = True
             if mode.options.verify_compiled:

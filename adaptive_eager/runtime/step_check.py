@@ -103,7 +103,8 @@ class BesideCheck:
 
     def __init__(self) -> None:
         self._thread: DaemonThread | _Inline | None = None  # made at the first check
-        # Note [The copies are made the step before]: optimizer -> (its entry, inputs), and
+        # Note [The copies are made the step before]: optimizer -> (its entry, inputs,
+        # pending), and
         # optimizer -> its entries whose check waited a step once
         self._watched: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
         self._deferred: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
@@ -111,25 +112,27 @@ class BesideCheck:
         # step's end at most
         self._pre: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
-    def later(self, opt: Any, entry: Any, inputs: Sequence[Any]) -> bool:
+    def later(self, opt: Any, entry: Any, inputs: Sequence[Any], pending: Callable[[], int]) -> bool:
         """Whether ``opt``'s first compiled step (``entry``: the optimizer's trace, with its
-        ``program.gm``) is better checked at the next step: true once per entry, when the
-        check runs beside the program; the copies of what the step writes (``inputs`` at :func:`written_inputs`) then start at this step's end
-        (:meth:`stepped`). Note [The copies are made the step before]."""
+        ``program.gm`` and ``checked``) is better checked at the next step: true once per
+        entry, when the check runs beside the program; the copies of what the step writes
+        (``inputs`` at :func:`written_inputs`) then start at this step's end
+        (:meth:`stepped`), unless ``pending()`` (captured ops not run yet) says the step's
+        writes are still to come. Note [The copies are made the step before]."""
         deferred = self._deferred.setdefault(opt, [])
         if any(e is entry for e in deferred) or not self.beside or any(
                 isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in inputs):
             return False
         deferred.append(entry)
-        self._watched[opt] = (entry, inputs)
+        self._watched[opt] = (entry, inputs, pending)
         return True
 
     def stepped(self, opt: Any) -> None:
         """``opt``'s step ended (its post-hook): start the copies :meth:`later` asked for
         (copies made at its previous step's end and not used are let go)."""
         self._pre.pop(opt, None)
-        entry, inputs = self._watched.pop(opt, (None, None))
-        if entry is None or entry.checked:
+        entry, inputs, pending = self._watched.pop(opt, (None, None, None))
+        if entry is None or entry.checked or pending():  # the step's writes not run yet
             return
         only = sorted(written_inputs(entry.program.gm))
         tensors = [inputs[i] for i in only]
@@ -234,9 +237,13 @@ class BesideCheck:
 # between two steps: so the first step that finds its compile ready runs eagerly once
 # more (:meth:`BesideCheck.later`), and at its end (the optimizer's post-hook) the copies
 # start on the checker, beside the program's next forward and backward; the next step is
-# the check step. The check uses them when the same tensors come with the same versions
-# (``_version``, read again once the copies are made: a write meanwhile shows); otherwise
-# it makes them as before. A write the version does not show (through ``.data``) can only
+# the check step. Not while the step's own ops are still captured, to run at a later
+# flush: the real tensors hold the values before the step then, and their versions are
+# already the step's (the runtime keeps them as eager's), so the copies would be of the
+# wrong values and the check would fail (seen: a kept-cache demo run whose AdamW step then
+# stayed eager-only). The check uses them when the same tensors come with the same
+# versions (``_version``, read again once the copies are made: a write meanwhile shows);
+# otherwise it makes them as before. A write the version does not show (through ``.data``) can only
 # make the copies differ from what eager's step reads, and the check then fails: the step
 # stays eager, its values eager's. Only where the check runs beside the program (Note [A
 # checker thread with one OpenMP thread]).
