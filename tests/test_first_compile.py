@@ -8,7 +8,8 @@ import platform
 import pytest
 import torch
 
-from adaptive_eager.runtime.compile_worker import trusted_vec_isa
+from adaptive_eager.hooks import HOOKS
+from adaptive_eager.runtime.compile_worker import VEC_ISA_ROW, trusted_vec_isa
 
 x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISAs only")
 
@@ -17,7 +18,9 @@ x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="
 def test_a_trusted_pick_checks_only_the_first_allowed_isa_and_picks_as_inductor_does():
     from torch._inductor import config, cpu_vec_isa
 
-    original = cpu_vec_isa.valid_vec_isa_list
+    with trusted_vec_isa(True):
+        pass  # the registry's row installed (it calls Inductor's own function outside a block)
+    original = HOOKS.original("torch._inductor.cpu_vec_isa", "valid_vec_isa_list")
     checked: list = []
     bool_of = cpu_vec_isa.VecISA.__bool__
 
@@ -29,9 +32,8 @@ def test_a_trusted_pick_checks_only_the_first_allowed_isa_and_picks_as_inductor_
         for cls in {type(i) for i in cpu_vec_isa.supported_vec_isa_list}:
             mp.setattr(cls, "__bool__", spy)
         with trusted_vec_isa(True):
-            assert cpu_vec_isa.valid_vec_isa_list is not original
+            assert HOOKS.installed(VEC_ISA_ROW)
             picked = cpu_vec_isa.pick_vec_isa()
-    assert cpu_vec_isa.valid_vec_isa_list is original        # put back after the block
     flags = cpu_vec_isa.x86_isa_checker()
     allowed = [str(i) for i in cpu_vec_isa.supported_vec_isa_list
                if all(f in flags for f in str(i).split())]
@@ -40,15 +42,36 @@ def test_a_trusted_pick_checks_only_the_first_allowed_isa_and_picks_as_inductor_
     assert checked == [allowed[0]]                             # the others: neither built nor probed
     with config.patch({"cpp.vec_isa_ok": True}):               # Inductor's own pick, trusted as above
         assert str(picked) == str(original()[0])
+        after = cpu_vec_isa.valid_vec_isa_list()              # after the block: Inductor's own list
+        assert [str(i) for i in after] == [str(i) for i in original()]
 
 
 @x86
 def test_a_user_choice_keeps_inductors_own_list(monkeypatch):
     from torch._inductor import cpu_vec_isa
 
-    original = cpu_vec_isa.valid_vec_isa_list
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     with trusted_vec_isa(True):
+        original = HOOKS.original("torch._inductor.cpu_vec_isa", "valid_vec_isa_list")
         assert cpu_vec_isa.valid_vec_isa_list() == original()
-    with trusted_vec_isa(False):
-        assert cpu_vec_isa.valid_vec_isa_list is original
+
+
+@x86
+def test_the_trusted_list_is_a_registry_row_cut_only_on_the_thread_in_the_block():
+    import threading
+
+    from torch._inductor import cpu_vec_isa
+
+    with trusted_vec_isa(True):
+        original = HOOKS.original("torch._inductor.cpu_vec_isa", "valid_vec_isa_list")
+        assert original is not None and cpu_vec_isa.valid_vec_isa_list.__ae_wrapped__ is original
+        here = cpu_vec_isa.valid_vec_isa_list()
+        there: list = []
+        t = threading.Thread(target=lambda: there.append(cpu_vec_isa.valid_vec_isa_list()))
+        t.start()
+        t.join()
+    if not here:
+        pytest.skip("this CPU allows no vector ISA")
+    assert len(here) == 1 and there == [original()]             # another thread: Inductor's own
+    HOOKS.uninstall("vec-isa")
+    assert cpu_vec_isa.valid_vec_isa_list is original           # undone: exactly Inductor's

@@ -1,12 +1,15 @@
 """Note [The first compiled step is checked beside the program] (runtime/step_check.py):
-the first call of a compiled optimizer step and its comparison with eager's run on the
-program's thread (Note [No checker thread while OpenMP throttles its spin]); a wrong compiled step still never reaches the
-program's tensors, and grads zeroed in place meanwhile do not fail the check."""
+the first call of a compiled optimizer step and its comparison with eager's run on a
+checker thread with one OpenMP thread while the program runs one torch thread, on the
+program's thread otherwise (Note [A checker thread with one OpenMP thread]); either way
+a wrong compiled step never reaches the program's tensors, and grads zeroed in place
+meanwhile do not fail the check."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 import adaptive_eager as ae
@@ -64,20 +67,64 @@ def _runtime(backend):
     return ae.adaptive_eager(backend=backend, async_compile=False, optimizer_step_after_ms=0)
 
 
-def test_the_first_compiled_call_runs_on_the_programs_thread():
-    # Note [No checker thread while OpenMP throttles its spin]: no second thread runs an
-    # OpenMP region, so the program's own team keeps its spin-wait
-    calls: list = []
-    ref = _train(8)
-    ae.reset_stats()
-    out = _train(8, _runtime(_backend(calls)))
+@pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
+def threads(request):
+    """The program's torch thread count (1: the check runs beside it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def _at(n: int) -> tuple:
+    """The compiled step's calls (their threads) in 8 steps at ``n`` torch threads, the
+    params checked against eager's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        calls: list = []
+        ref = _train(8)
+        ae.reset_stats()
+        out = _train(8, _runtime(_backend(calls)))
+    finally:
+        torch.set_num_threads(before)
     _close(ref, out)
-    assert set(calls) == {threading.current_thread().name}, calls
-    assert not any(t.name == "adaptive_eager-check" for t in threading.enumerate())
     assert ae.stats().optimizer_steps_compiled == len(calls) - 1 > 0
+    return calls
 
 
-def test_a_wrong_compiled_step_is_caught_and_never_applied():
+def test_at_two_threads_the_check_runs_on_the_programs_thread():
+    # Note [No checker thread while OpenMP throttles its spin]: no second thread runs an
+    # OpenMP region beside the program's team
+    assert set(_at(2)) == {threading.current_thread().name}
+
+
+def test_at_one_thread_the_first_call_runs_beside_the_program():
+    calls = _at(1)
+    assert calls[0] == "adaptive_eager-check", calls            # the check's call
+    assert set(calls[1:]) == {threading.current_thread().name}  # the compiled steps
+
+
+def test_the_checker_thread_runs_one_openmp_thread_and_leaves_the_programs_count():
+    from adaptive_eager.runtime import step_check
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen: list = []
+        t = threading.Thread(target=lambda: seen.append(
+            (step_check._one_omp_thread_here(), torch.get_num_threads())))
+        t.start()
+        t.join()
+        assert torch.get_num_threads() == 2  # the program's count: not torch.set_num_threads
+    finally:
+        torch.set_num_threads(before)
+    if step_check._openmp_runtime() is None:
+        pytest.skip("no OpenMP runtime in this process")
+    assert seen == [(True, 1)]
+
+
+def test_a_wrong_compiled_step_is_caught_and_never_applied(threads):
     def wrong(args):  # the first written input (a param) off by far more than rounding
         args[0].add_(1e-2)
 
@@ -91,7 +138,7 @@ def test_a_wrong_compiled_step_is_caught_and_never_applied():
     assert ae.stats().optimizer_steps_compiled == 0 and len(calls) == 1
 
 
-def test_a_compiled_step_writing_a_grad_is_caught():
+def test_a_compiled_step_writing_a_grad_is_caught(threads):
     def wrong(args):  # grads come after the params in the step's inputs; all are read only
         n = sum(1 for a in args if isinstance(a, torch.Tensor) and a.dim() > 0) // 4
         args[n].mul_(2)
@@ -104,7 +151,7 @@ def test_a_compiled_step_writing_a_grad_is_caught():
     assert ae.stats().optimizer_steps_compiled == 0, _kinds(O.AdamW)
 
 
-def test_grads_zeroed_in_place_during_the_check_do_not_fail_it():
+def test_grads_zeroed_in_place_during_the_check_do_not_fail_it(threads):
     """zero_grad(set_to_none=False) zeroes the grads the check's copies were made of while
     the comparison may still run: the grads are checked on the copies alone."""
     calls: list = []
@@ -112,7 +159,8 @@ def test_grads_zeroed_in_place_during_the_check_do_not_fail_it():
     ae.reset_stats()
     out = _train(8, _runtime(_backend(calls)), set_to_none=False)
     _close(ref, out)
-    assert ae.stats().optimizer_steps_compiled == 8 - 3, _kinds(O.AdamW)
+    # one step more eager at one thread: Note [The copies are made the step before]
+    assert ae.stats().optimizer_steps_compiled == 8 - 3 - (threads == 1), _kinds(O.AdamW)
 
 
 def test_written_inputs_and_a_check_that_differs():
@@ -130,7 +178,8 @@ def test_written_inputs_and_a_check_that_differs():
     assert problem is not None and "optimizer step input 0" in problem[0]
 
 
-def test_the_clones_are_made_on_the_calling_thread_and_equal_their_tensors(monkeypatch):
+def test_the_clones_are_shared_with_the_checker_at_one_thread_and_equal_their_tensors(
+        monkeypatch, threads):
     from adaptive_eager.runtime import step_check
 
     made_on: list = []
@@ -147,4 +196,89 @@ def test_the_clones_are_made_on_the_calling_thread_and_equal_their_tensors(monke
     assert kept[0].data_ptr() != ts[0].data_ptr() and all(a is b for a, b in zip(kept[1:], ts[1:]))
     assert all(torch.equal(a, b) and a.stride() == b.stride() and a.data_ptr() != b.data_ptr()
                for a, b in zip(ts, copies))
-    assert set(made_on) == {threading.current_thread().name}, made_on
+    here = threading.current_thread().name
+    assert set(made_on) == ({here, "adaptive_eager-check"} if threads == 1 else {here}), made_on
+
+
+def _checked_a_step_later(bump: bool) -> tuple:
+    """A first compiled step checked a step later: the check's copies, the threads that
+    made copies, and the tensors (``bump``: a param written in between)."""
+    from types import SimpleNamespace
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from adaptive_eager.runtime import step_check
+    class Entry:  # the optimizer's trace, as far as the check reads it
+        program = SimpleNamespace(gm=make_fx(lambda p, g: (p.add_(g),))(torch.ones(2), torch.ones(2)))
+        checked = False
+
+    entry = Entry()
+    made_on: list = []
+    real = step_check.clone_strided
+
+    def spy(t):
+        made_on.append(threading.current_thread().name)
+        return real(t)
+
+    opt = O.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # a key of the watch (weakly held)
+    p, g = torch.randn(1000), torch.randn(1000)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(step_check, "clone_strided", spy)
+            c = BesideCheck()
+            assert c.later(opt, entry, [p, g], lambda: 0)   # the first time: checked at the next step
+            c.stepped(opt)               # the step's end: the copies start on the checker
+            assert not c.later(opt, entry, [p, g], lambda: 0)  # once only
+            if bump:
+                p.add_(1.0)              # the program writes the param before the next step
+            copies = c.clone([p, g], only={0})
+            made_on = list(made_on)              # the check's, not the ones below
+            assert not c._pre                    # used, or let go
+            c.later(opt, Entry(), [p, g], lambda: 0)        # another trace: its copies start at the step's end,
+            c.stepped(opt)
+            assert c._pre
+            c.stepped(opt)                       # and, unused by the next step, are let go at its end
+            assert not c._pre
+    finally:
+        torch.set_num_threads(before)
+    return copies, made_on, p, g
+
+
+def test_the_copies_are_made_the_step_before_on_the_checker():
+    copies, made_on, p, g = _checked_a_step_later(bump=False)
+    assert made_on == ["adaptive_eager-check"], made_on  # none on the program's thread
+    assert torch.equal(copies[0], p) and copies[0].data_ptr() != p.data_ptr() and copies[1] is g
+
+
+def test_copies_made_the_step_before_are_not_used_after_a_write():
+    copies, made_on, p, g = _checked_a_step_later(bump=True)
+    assert len(made_on) == 2, made_on                    # made again, after the write
+    assert torch.equal(copies[0], p) and copies[1] is g
+
+
+def test_no_copies_the_step_before_while_its_writes_are_still_captured():
+    """The step's ops captured, to run at a later flush: the real tensors still hold the
+    values before the step (their versions already the step's), so no copies are made
+    then and the check makes its own."""
+    from types import SimpleNamespace
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda p, g: (p.add_(g),))(torch.ones(2), torch.ones(2))
+    entry = SimpleNamespace(program=SimpleNamespace(gm=gm), checked=False)
+    opt = O.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    p, g = torch.randn(1000), torch.randn(1000)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        c = BesideCheck()
+        assert c.later(opt, entry, [p, g], lambda: 3)  # three captured ops not run yet
+        c.stepped(opt)
+        assert not c._pre
+        p.add_(g)                                      # the flush runs the step's writes
+        copies = c.clone([p, g], only={0})
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(copies[0], p) and copies[1] is g

@@ -96,15 +96,9 @@ class _Entry:
 
     def __init__(self, cls: str, program: StepProgram | None, region: RegionEntry | None,
                  reason: str = ""):
-        self.cls = cls
-        self.program = program
-        self.region = region
-        self.reason = reason
-        self.checked = False
-        # (example inputs, kernel threads, exact) while a disk load may still need a compile
-        self.build: tuple | None = None
-        # the first compiled call's check, running beside the program (a Future)
-        self.verdict: Any = None
+        self.cls, self.program, self.region, self.reason, self.checked = cls, program, region, reason, False
+        self.build: tuple | None = None  # (example inputs, kernel threads, exact) while a load may need a compile
+        self.verdict: Any = None  # the first compiled call's check, beside the program (a Future)
 
 
 def _unwrap(t: torch.Tensor) -> torch.Tensor | None:
@@ -243,11 +237,7 @@ class StepCompiler:
             known = (KnownStep(opt, got), entry, service)
             self._known[opt] = known
         region = entry.region
-        if entry.verdict is not None:  # Note [The first compiled step is checked beside the program]
-            problem, entry.verdict = BesideCheck.verdict(entry.verdict), None
-            if problem is not None:
-                service.fail(region, problem[0])
-                _note(counters, cls, f"eager: {Why.FAILED}: {problem[1]}")
+        self._take_verdict(entry, service, counters)  # Note [The first compiled step is checked beside the program]
         if entry.build is not None and region.state != COMPILING:
             if region.state == COLD:  # a disk load that did not load: compile it
                 self._submit(entry, service, counters)
@@ -358,6 +348,7 @@ class StepCompiler:
             t0, flusher, f0 = started
             flushes = flusher.thread_ns() - f0 if flusher is not None else 0
             self._spent[opt] = self._spent.get(opt, 0) + max(0, time.thread_time_ns() - t0 - flushes)
+        self._beside.stepped(opt)  # Note [The copies are made the step before] (runtime/step_check.py)
         held = self._pending().pop(opt, None)
         if held is None:
             return
@@ -377,7 +368,9 @@ class StepCompiler:
                     raise CompiledCodeWroteInput(reason)
                 with _disable_current_modes(), torch._C.DisableTorchFunction():  # off the mode
                     entry.verdict = self._beside.compare(called, inputs, copies,
-                                                         sorted(written_inputs(entry.program.gm)), exact)
+                                                         written_inputs(entry.program.gm), exact)
+                if entry.verdict.done():  # decided here (no checker thread): taken here
+                    self._take_verdict(entry, service, counters)
                 return
             with torch.no_grad(), _disable_current_modes():
                 bad = next((i for i, (a, b) in enumerate(zip(inputs, copies))
@@ -386,6 +379,13 @@ class StepCompiler:
             if bad is not None:
                 service.fail(entry.region, f"{R.COMPILED_OUTPUTS_DIFFER}: optimizer step input {bad}")
                 _note(counters, entry.cls, f"eager: {Why.FAILED}: compiled step differs from eager")
+
+    @staticmethod
+    def _take_verdict(entry: _Entry, service: Any, counters: Any) -> None:
+        pending, entry.verdict = entry.verdict, None
+        if pending is not None and (problem := BesideCheck.verdict(pending)) is not None:
+            service.fail(entry.region, problem[0])
+            _note(counters, entry.cls, f"eager: {Why.FAILED}: {problem[1]}")
 
     def _why_not(self, opt: Any, args: tuple, kwargs: dict) -> str | None:
         # the hook's args hold the optimizer first; ``step(None)`` (accelerate's wrapper,
@@ -508,6 +508,8 @@ class StepCompiler:
             return False
         rest = list(entry.program.consts) + scalars
         if not entry.checked:
+            if mode.options.verify_compiled and self._beside.later(opt, entry, inputs, lambda: len(mode.recorder)):
+                return _note(counters, cls, "eager: " + Why.VERIFYING) or False
             entry.checked = True
             if mode.options.verify_compiled:
                 # Note [The optimizer step as one compiled unit]: the first call runs on
@@ -518,15 +520,14 @@ class StepCompiler:
                     ok, copies = self._call_via_host(entry, service, inputs, rest, counters, cls)
                     called = None
                 else:
-                    # Note [The first compiled step is checked beside the program]
-                    # and Note [A step's first call copies what it writes]
-                    written = written_inputs(entry.program.gm)
+                    # Note [The first compiled step is checked beside the program], [A step's first call copies...]
+                    written, ok = written_inputs(entry.program.gm), True
                     with _disable_current_modes():  # real copies, not captured ones
                         copies = self._beside.clone(inputs, written)
                     read_only = [i for i in range(len(inputs)) if i not in written]
                     with _disable_current_modes(), torch._C.DisableTorchFunction():  # off the mode
-                        called = self._beside.call(entry.region.fn, copies + rest, read_only)
-                    ok = True
+                        called = self._beside.call(entry.region.fn, copies + rest, read_only,
+                                                   (kernel_threads(inputs) or torch.get_num_threads()) == 1)
                 if ok:
                     exact = is_debugging(mode.options.backend)
                     self._pending()[opt] = (opt.param_groups,

@@ -55,6 +55,8 @@ from typing import Any, BinaryIO, Callable, Iterator
 import torch
 from torch import fx
 
+from ..hooks import HOOKS, Patch
+
 log = logging.getLogger("adaptive_eager")
 
 
@@ -138,15 +140,22 @@ def probe_picked_isa() -> bool | None:
 # allow whenever that one passes its checks. So while trusted, the list is that ISA alone
 # after its own checks (``bool(isa)``: the ones that set its build flags), and Inductor's
 # own list otherwise (it fails them, or a user's setting chooses): the same pick, with
-# the other ISAs' builds and probes left out. The function is swapped only inside the
-# ``with`` (a load on the compile service's thread, or the worker's compile); a
-# ``torch.compile`` on another thread meanwhile picks the same ISA.
-def _first_allowed_isa(original: Callable[[], list]) -> Callable[[], list]:
+# the other ISAs' builds and probes left out. The list is cut only inside the ``with`` (a
+# load on the compile service's thread, or the worker's compile) and on the thread in it:
+# a ``torch.compile`` on another thread meanwhile gets Inductor's own list (the same
+# pick). The function is a row of the hooks registry (Note [The hooks registry],
+# hooks.py): installed at the first trusted block, a wrapper that calls Inductor's own
+# function outside one, undone by ``HOOKS.uninstall("vec-isa")``.
+_TRUSTED = threading.local()  # .on: this thread is inside trusted_vec_isa (x86)
+
+
+def _trusting_isa_list(original: Callable[[], list]) -> Callable[[], list]:
     from torch._inductor import config as inductor_config  # noqa: PLC0415 - loaded by now
     from torch._inductor import cpu_vec_isa  # noqa: PLC0415
 
     def valid_vec_isa_list() -> list:
-        if inductor_config.cpp.simdlen is None and not os.environ.get("ATEN_CPU_CAPABILITY"):
+        if getattr(_TRUSTED, "on", False) and inductor_config.cpp.simdlen is None and \
+                not os.environ.get("ATEN_CPU_CAPABILITY"):
             flags = cpu_vec_isa.x86_isa_checker()
             first = next((isa for isa in cpu_vec_isa.supported_vec_isa_list
                           if all(flag in flags for flag in str(isa).split())), None)
@@ -154,31 +163,35 @@ def _first_allowed_isa(original: Callable[[], list]) -> Callable[[], list]:
                 return [first]
         return original()
 
+    valid_vec_isa_list.cache_clear = getattr(original, "cache_clear", lambda: None)  # type: ignore[attr-defined]
     return valid_vec_isa_list
+
+
+VEC_ISA_ROW = Patch("vec-isa", "torch._inductor.cpu_vec_isa", "valid_vec_isa_list", _trusting_isa_list)
 
 
 @contextlib.contextmanager
 def trusted_vec_isa(ok: bool) -> Iterator[None]:
     """Inductor told that every vector ISA the CPU allows works (``ok``), so it does not
-    probe them again, and only the picked ISA's own checks run (Note [Only the picked
-    ISA's own checks run]); a ``TORCHINDUCTOR_VEC_ISA_OK`` set by the user wins."""
+    probe them again, and only the picked ISA's own checks run on this thread (Note [Only
+    the picked ISA's own checks run]); a ``TORCHINDUCTOR_VEC_ISA_OK`` set by the user wins."""
     import platform  # noqa: PLC0415
 
     if not ok or _ISA_ENV in os.environ:
         yield
         return
     from torch._inductor import config as inductor_config  # noqa: PLC0415 - heavy, lazy
-    from torch._inductor import cpu_vec_isa  # noqa: PLC0415
 
-    original = cpu_vec_isa.valid_vec_isa_list
     x86 = platform.machine() in ("x86_64", "AMD64")
+    if x86:
+        HOOKS.install([VEC_ISA_ROW])
+    before = getattr(_TRUSTED, "on", False)
     with inductor_config.patch({"cpp.vec_isa_ok": True}):
-        if x86:
-            cpu_vec_isa.valid_vec_isa_list = _first_allowed_isa(original)
+        _TRUSTED.on = x86
         try:
             yield
         finally:
-            cpu_vec_isa.valid_vec_isa_list = original
+            _TRUSTED.on = before
 
 
 class WorkerUnavailable(RuntimeError):

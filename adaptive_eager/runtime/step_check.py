@@ -1,5 +1,6 @@
-"""A compiled optimizer step's first call, checked against eager's step (on the program's
-thread for now: Note [No checker thread while OpenMP throttles its spin]).
+"""A compiled optimizer step's first call, checked against eager's step: beside the program
+on a checker thread that opens no OpenMP team while the program runs one torch thread, on
+the program's thread otherwise (Note [A checker thread with one OpenMP thread]).
 
 Note [The first compiled step is checked beside the program]
 The first call of a compiled optimizer step runs on copies of its inputs and is compared
@@ -16,9 +17,9 @@ waits for them, but makes them with the checker thread: each clones about half t
 (:meth:`BesideCheck.clone`), on both cores when the machine has one to spare. Measured the
 same way (second run, load average 7.5-7.8): the check step 0.32 s of the program thread's
 CPU with the clones on its thread, 0.26 s with them shared; the next step waits for the
-verdict (90 ms CPU, its wall time whatever the checker still needs). Undone for now:
-Note [No checker thread while OpenMP throttles its spin] says why the parts run on the
-program's thread again, still copying only what the step writes.
+verdict (90 ms CPU, its wall time whatever the checker still needs). Undone, then brought
+back for one-thread programs: Note [No checker thread while OpenMP throttles its spin]
+and Note [A checker thread with one OpenMP thread].
 
 What each part checks, and why the result stays eager's:
 - the inputs the traced step writes (params, optimizer state: :func:`written_inputs`, from
@@ -48,12 +49,15 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
+import weakref
 from typing import Any, Callable, Collection, Sequence
 
 import torch
 
 from ..reasons import R
 from .checks import bits_hash, clone_strided, close
+from .compiler import DaemonThread
 
 
 #: the report's words for a first call that wrote an input it only reads (a grad)
@@ -80,42 +84,139 @@ def written_inputs(gm: Any) -> frozenset[int]:
 
 
 class BesideCheck:
-    """Runs first compiled calls and their comparisons, in order, on the calling thread;
-    each returns a Future of a problem, ``(the compile service's reason, the optimizer
-    report's words)``, or None when the check passed.
+    """Runs first compiled calls and their comparisons, in order, on a checker thread that
+    opens no OpenMP team (Note [A checker thread with one OpenMP thread]), or on the
+    calling thread where no such thread can be had; each returns a Future of a problem,
+    ``(the compile service's reason, the optimizer report's words)``, or None when the
+    check passed.
 
     Example::
 
         >>> c = BesideCheck()
         >>> p, g = torch.ones(3), torch.ones(3)
-        >>> copies = [p.clone(), g.clone()]
-        >>> called = c.call(lambda p, g: p.add_(g), copies, read_only=[1])
+        >>> copies = c.clone([p, g], only={0})
+        >>> called = c.call(lambda p, g: p.add_(g), copies, read_only=[1], beside=True)
         >>> _ = p.add_(g)        # eager's step, on the real tensors
         >>> c.compare(called, [p, g], copies, written=[0], exact=True).result() is None
         True
     """
 
     def __init__(self) -> None:
-        self._thread = _Inline()  # Note [No checker thread while OpenMP throttles its spin]
+        self._thread: DaemonThread | _Inline | None = None  # made at the first check
+        # Note [The copies are made the step before]: optimizer -> (its entry, inputs,
+        # pending), and
+        # optimizer -> its entries whose check waited a step once
+        self._watched: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        self._deferred: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+        # optimizer -> (tensors, their versions, indices, Future of copies), until its next
+        # step's end at most
+        self._pre: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+    def later(self, opt: Any, entry: Any, inputs: Sequence[Any], pending: Callable[[], int]) -> bool:
+        """Whether ``opt``'s first compiled step (``entry``: the optimizer's trace, with its
+        ``program.gm`` and ``checked``) is better checked at the next step: true once per
+        entry, when the check runs beside the program; the copies of what the step writes
+        (``inputs`` at :func:`written_inputs`) then start at this step's end
+        (:meth:`stepped`), unless ``pending()`` (captured ops not run yet) says the step's
+        writes are still to come. Note [The copies are made the step before]."""
+        deferred = self._deferred.setdefault(opt, [])
+        if any(e is entry for e in deferred) or not self.beside or any(
+                isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in inputs):
+            return False
+        deferred.append(entry)
+        self._watched[opt] = (entry, inputs, pending)
+        return True
+
+    def stepped(self, opt: Any) -> None:
+        """``opt``'s step ended (its post-hook): start the copies :meth:`later` asked for
+        (copies made at its previous step's end and not used are let go)."""
+        self._pre.pop(opt, None)
+        entry, inputs, pending = self._watched.pop(opt, (None, None, None))
+        if entry is None or entry.checked or pending():  # the step's writes not run yet
+            return
+        only = sorted(written_inputs(entry.program.gm))
+        tensors = [inputs[i] for i in only]
+        if all(type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter) for t in tensors) and \
+                all(t.device.type == "cpu" for t in tensors):
+            self._pre[opt] = (tensors, [t._version for t in tensors], only,
+                              self._checker().submit(_clones, tensors))
+
+    def _precloned(self, inputs: Sequence[torch.Tensor], only: Collection[int] | None) -> list | None:
+        if only is None or not self._pre:
+            return None
+        wanted = sorted(only)
+        opt = next((o for o, (ts, _, picked, _) in list(self._pre.items())
+                    if picked == wanted and all(inputs[i] is t for i, t in zip(picked, ts))), None)
+        if opt is None:
+            return None
+        tensors, versions, picked, made = self._pre.pop(opt)
+        if any(t._version != v for t, v in zip(tensors, versions)):
+            return None
+        copies = list(inputs)
+        for i, c in zip(picked, made.result()):  # the GIL is released while it waits
+            copies[i] = c
+        # a write while they were made shows in the versions
+        return copies if all(t._version == v for t, v in zip(tensors, versions)) else None
+
+    def _checker(self) -> "DaemonThread | _Inline":
+        if torch.get_num_threads() != 1:  # the program's team: Note [A checker thread with one OpenMP thread]
+            return _Inline()
+        if self._thread is None:
+            thread = DaemonThread("adaptive_eager-check")
+            try:
+                alone = thread.submit(_one_omp_thread_here).result(timeout=30)
+            except Exception:  # noqa: BLE001 - no checker thread then
+                alone = False
+            if not alone:
+                thread.shutdown()
+            self._thread = thread if alone else _Inline()
+        return self._thread
+
+    @property
+    def beside(self) -> bool:
+        """Whether the parts run on a checker thread (False: on the calling thread)."""
+        return isinstance(self._checker(), DaemonThread)
 
     def clone(self, inputs: Sequence[torch.Tensor],
               only: Collection[int] | None = None) -> list[torch.Tensor]:
         """Copies of ``inputs`` (:func:`~.checks.clone_strided`), those at ``only`` when
-        given (the others are handed as they are)."""
+        given (the others are handed as they are), made by this thread and the checker's,
+        about half the bytes each; returns once all are made."""
+        made_before = self._precloned(inputs, only)
+        if made_before is not None:
+            return made_before
+        picked = [i for i in range(len(inputs)) if only is None or i in only]
+        theirs: list[int] = []
+        if self.beside:
+            mine = their_bytes = 0
+            for i in sorted(picked, key=lambda i: -inputs[i].nbytes):
+                if their_bytes < mine:
+                    theirs.append(i)
+                    their_bytes += inputs[i].nbytes
+                else:
+                    mine += inputs[i].nbytes
+        made = self._checker().submit(_clones, [inputs[i] for i in theirs])
+        skip, chosen = set(theirs), set(picked)
         with torch.no_grad():
-            return [clone_strided(t) if only is None or i in only else t
-                    for i, t in enumerate(inputs)]
+            copies = [None if i in skip else clone_strided(t) if i in chosen else t
+                      for i, t in enumerate(inputs)]
+        for i, c in zip(theirs, made.result()):  # the GIL is released while it waits
+            copies[i] = c
+        return copies  # type: ignore[return-value]
 
-    def call(self, fn: Callable, args: Sequence[Any], read_only: Sequence[int]) -> cf.Future:
+    def call(self, fn: Callable, args: Sequence[Any], read_only: Sequence[int],
+             beside: bool = False) -> cf.Future:
         """``fn(*args)`` (args: copies, then constants), checking that it leaves the copies
-        at ``read_only`` bit for bit as they were."""
-        return self._thread.submit(_call, fn, list(args), tuple(read_only))
+        at ``read_only`` bit for bit as they were; on the checker thread when ``beside``
+        (a kernel that opens no OpenMP team of more than one thread), else now."""
+        runner = self._checker() if beside else _Inline()
+        return runner.submit(_call, fn, list(args), tuple(read_only))
 
     def compare(self, called: cf.Future, inputs: Sequence[torch.Tensor],
                 copies: Sequence[torch.Tensor], written: Sequence[int], exact: bool) -> cf.Future:
         """After ``called``: each written input's copy against the real tensor."""
-        return self._thread.submit(_compare, called, list(inputs), list(copies), tuple(written),
-                                   exact)
+        return self._checker().submit(_compare, called, list(inputs), list(copies),
+                                      tuple(written), exact)
 
     @staticmethod
     def verdict(pending: cf.Future) -> Any:
@@ -128,6 +229,25 @@ class BesideCheck:
                     "compiled step differs from eager")
 
 
+# Note [The copies are made the step before]
+# The check's copies (what the step writes: params and optimizer state) must be made
+# before eager's step writes the real tensors, so the program waited for them at the
+# check step's start, sharing them with the checker (about 44 ms of its thread CPU for
+# half of the demo's 215 MB, load average 3). But nothing but the optimizer writes them
+# between two steps: so the first step that finds its compile ready runs eagerly once
+# more (:meth:`BesideCheck.later`), and at its end (the optimizer's post-hook) the copies
+# start on the checker, beside the program's next forward and backward; the next step is
+# the check step. Not while the step's own ops are still captured, to run at a later
+# flush: the real tensors hold the values before the step then, and their versions are
+# already the step's (the runtime keeps them as eager's), so the copies would be of the
+# wrong values and the check would fail (seen: a kept-cache demo run whose AdamW step then
+# stayed eager-only). The check uses them when the same tensors come with the same
+# versions (``_version``, read again once the copies are made: a write meanwhile shows);
+# otherwise it makes them as before. A write the version does not show (through ``.data``) can only
+# make the copies differ from what eager's step reads, and the check then fails: the step
+# stays eager, its values eager's. Only where the check runs beside the program (Note [A
+# checker thread with one OpenMP thread]).
+#
 # Note [No checker thread while OpenMP throttles its spin]
 # The check first ran on a daemon thread beside the program (the demo's check step: 0.99 s
 # -> 0.26 s of the program thread's CPU). But a second thread that runs an OpenMP region
@@ -138,8 +258,53 @@ class BesideCheck:
 # over the benchmarks' 100 tensors, 2 threads, idle, ``OMP_WAIT_POLICY`` unset): the
 # compiled step's kernel 0.65 ms -> 3.9 ms a call for the rest of the run, a step 1.5 ->
 # 5.0 ms (0.36x eager); ``OMP_WAIT_POLICY=passive`` shows the same 5 ms without any check.
-# So the check's parts run on the calling thread, in order (a Future already done), until
-# a checker thread can run without an OpenMP team of its own.
+#
+# Note [A checker thread with one OpenMP thread]
+# ATen opens an OpenMP region only when ``omp_get_max_threads() > 1`` (``at::parallel_for``),
+# and that count is a per-thread setting of the OpenMP runtime: ATen sets it in each thread
+# at its first parallel op, from torch's thread count. So the checker thread, once ATen
+# has set it up, sets its own count to 1 through the OpenMP runtime's C API
+# (``omp_set_num_threads``, on this thread only; ``torch.set_num_threads`` would change the
+# program's count too): its clones, hashes and comparisons run inline, no team. The
+# compiled call goes to the checker only when its kernel is compiled for one thread
+# (``call(beside=True)``): a kernel for more opens its own team of that many, so it runs on
+# the program's thread, before eager's step. The checker is used only while the program
+# runs one torch thread (the demo's setting), where no OpenMP team exists at all: with
+# two, whether a one-thread checker still makes libgomp throttle the program's team could
+# not be told apart from the load (a compiled SGD-momentum step over 100 tensors of 64K
+# floats, 2 threads, load average 4-6: 2.1-24 ms a step in either variant, the checker on
+# or not, ``/tmp/w51/throttle.py`` in the commit that added this), so there the parts
+# run on the calling thread, in order (a Future already done), as they did. Where the
+# count cannot be set (no OpenMP runtime found in the process) likewise.
+def _one_omp_thread_here() -> bool:
+    """Make the calling thread's OpenMP thread count 1; whether ATen now sees 1 here."""
+    if torch.get_num_threads() == 1:  # ATen's set-up of this thread comes first
+        return True
+    lib = _openmp_runtime()
+    if lib is None:
+        return False
+    lib.omp_set_num_threads(1)
+    return torch.get_num_threads() == 1
+
+
+def _openmp_runtime() -> Any:
+    """The OpenMP runtime torch loaded (its own libgomp copy in a pip wheel), or None."""
+    import ctypes  # noqa: PLC0415
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if ".so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if os.path.basename(path).startswith(("libgomp", "libiomp", "libomp")):
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                continue
+    return None
+
+
 class _Inline:
     """``submit(fn, *args)`` runs ``fn`` now, on the calling thread: a done Future."""
 
@@ -151,6 +316,13 @@ class _Inline:
             fut.set_exception(e)
         return fut
 
+    def shutdown(self) -> None:
+        pass
+
+
+def _clones(tensors: list) -> list:
+    with torch.no_grad():
+        return [clone_strided(t) for t in tensors]
 
 
 def _call(fn: Callable, args: list, read_only: tuple) -> Any:
