@@ -103,6 +103,33 @@ def test_compiled_step_is_bitwise_eager(cls, kw, backend):
     assert ae.stats().optimizer_steps_compiled == compiled
 
 
+@pytest.mark.parametrize("cls,kw", [(O.Adam, dict(lr=1e-3)), (O.AdamW, dict(lr=1e-3, amsgrad=True))],
+                         ids=["Adam", "AdamW-amsgrad"])
+def test_step_counters_equal_or_not_give_eager_floats(cls, kw):
+    """Note [Equal step counters share their arithmetic]: with every param stepping
+    (counters equal) the shared program computes the step sizes; with a param's grad None
+    now and then (counters apart) the full one: both bitwise eager, and the shared program
+    computes each distinct float once."""
+    from adaptive_eager.dispatch.optim_compile import STEPS
+
+    for none_every in (0, 3):
+        ref, oref = _run(cls, kw, 14, none_every=none_every)
+        ae.reset_stats()
+        out, oout = _run(cls, kw, 14, ctx=_runtime(), none_every=none_every)
+        _equal(ref, out)
+        assert_optimizer_states_equal(oref, oout)
+        assert _kinds(cls).get("compiled steps", 0) >= 5, _kinds(cls)
+    programs = [e.program for t in STEPS._by_service.values() for es in t.values() for e in es
+                if e.program is not None and e.cls == cls.__name__]
+    assert programs and all(p.uniform is not None for p in programs)
+    p = programs[-1]
+    hyper = [0.5] * 16
+    steps = [5.0] * len(p.reads)
+    assert p.uniform(hyper, steps) == p.program(hyper, steps)
+    assert len(p.uniform.__code__.co_code) < len(p.program.__code__.co_code) / 2, (
+        len(p.uniform.__code__.co_code), len(p.program.__code__.co_code))
+
+
 @pytest.mark.parametrize("cls,kw", [(O.AdamW, dict(lr=3e-3, weight_decay=0.1)),
                                     (O.SGD, dict(lr=0.05, momentum=0.9, nesterov=True)),
                                     (O.Adam, dict(lr=3e-3, amsgrad=True)),

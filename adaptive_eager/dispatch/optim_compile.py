@@ -520,10 +520,11 @@ class StepCompiler:
 
 
 def _scalars(program: StepProgram, hyper: list, steps: list, mode: Any) -> list | None:
-    """The program's lifted scalars as real tensors (made off the mode stack)."""
-    if mode is not None and mode._parked:
-        return program.scalars(hyper, steps)
-    with _disable_current_modes():
+    """The program's lifted scalars as real tensors, made past the dispatch mode and
+    without torch-function handling: ``torch.tensor`` of a list of floats checked each
+    for an override (AdamW over 100 tensors: two 100-float lists; 69 -> 31 µs a step,
+    and _disable_current_modes cost SGD's two scalars ~20 µs)."""
+    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
         return program.scalars(hyper, steps)
 
 
