@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -27,7 +28,8 @@ from typing import Any, Callable, Dict, List
 
 import torch
 
-from .workloads._params import lr_at, make_params
+from .workloads import Context
+from .workloads._optim_step import build_step
 
 _CLASSES: Dict[str, tuple] = {
     "sgd-momentum": (torch.optim.SGD, dict(momentum=0.9), 1e-2),
@@ -38,29 +40,12 @@ VARIANTS = ("eager", "adaptive", "adaptive-1t", "compile")
 
 
 def _step_fn(name: str, tensor_lr: bool, step_wrap: Callable | None = None) -> Callable[[], float]:
+    """The workload's step (benchmarks/workloads/_optim_step.py) over a parameter set of its
+    own; ``tensor_lr``: lr as a 0-d tensor, the step wrapped by ``step_wrap`` (compile)."""
     cls, kw, base = _CLASSES[name]
-    params, grads = make_params(0, False, "cpu")
-    for p, g in zip(params, grads):
-        p.grad = g
-    lr0 = torch.tensor(lr_at(0, base)) if tensor_lr else lr_at(0, base)
-    opt = cls(params, lr=lr0, **kw)
-    opt_step = step_wrap(opt.step) if step_wrap is not None else opt.step
-    probe = params[0]
-    n = [0]
-
-    def step() -> float:
-        lr = lr_at(n[0], base)
-        for group in opt.param_groups:
-            if tensor_lr:
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
-        n[0] += 1
-        opt_step()
-        with torch.no_grad():
-            return probe[0, 0].item()
-
-    return step
+    ctx = Context(mode="compile" if tensor_lr else "eager",
+                  compile=(lambda fn, **k: step_wrap(fn)) if step_wrap is not None else (lambda fn, **k: fn))
+    return build_step(ctx, cls, name, base_lr=base, **kw).step
 
 
 def main(argv: List[str] | None = None) -> int:
@@ -98,7 +83,7 @@ def main(argv: List[str] | None = None) -> int:
             optim_compile.kernel_threads = lambda inputs: 1
         try:
             ae.reset_stats()
-            with (ctx() if ctx is not None else _null()):
+            with (ctx() if ctx is not None else contextlib.nullcontext()):
                 for _ in range(8):
                     steps[v]()
             if ctx is not None:
@@ -112,7 +97,7 @@ def main(argv: List[str] | None = None) -> int:
         order = variants[r % len(variants):] + variants[:r % len(variants)]
         for v in order:
             ctx, step = contexts[v], steps[v]
-            with (ctx() if ctx is not None else _null()):
+            with (ctx() if ctx is not None else contextlib.nullcontext()):
                 for _ in range(a.chunk):
                     w0, c0 = time.perf_counter(), time.thread_time()
                     step()
@@ -129,14 +114,6 @@ def main(argv: List[str] | None = None) -> int:
         print(f"  {v:12s} wall median {med * 1e3:7.3f} ms  p10 {p10 * 1e3:7.3f} ms  "
               f"cpu median {statistics.median(cpu[v]) * 1e3:7.3f} ms  {ratio}")
     return 0
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 if __name__ == "__main__":
