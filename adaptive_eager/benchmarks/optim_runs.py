@@ -216,7 +216,8 @@ def main(argv: List[str] | None = None) -> int:
                     first = row["first_compiled"] if row["first_compiled"] is not None else "-"
                     print(f"{name:13s} {config:12s} {run:8s} {row['signatures']:4d} {row['compiles']:8d} "
                           f"{row['loads']:4d} {row['steps_compiled']:8d} {first:>5} {str(row['bitwise']):>7s} "
-                          f"{row['max_loss_diff']:9.2e} {row['eager_cpu_s'] * 1e3:5.0f}/{row['adaptive_cpu_s'] * 1e3:5.0f} "
+                          f"{row['max_loss_diff']:9.2e} "
+                          f"{row['eager_cpu_s'] * 1e3:5.0f}/{row['adaptive_cpu_s'] * 1e3:5.0f} "
                           f"{row['eager_wall_s'] * 1e3:5.0f}/{row['adaptive_wall_s'] * 1e3:5.0f} "
                           f"{row['adaptive_process_cpu_s'] * 1e3:5.0f} {row['load']:4.1f}  "
                           f"{why}", flush=True)

@@ -227,7 +227,8 @@ class StepCompiler:
                 scalars = _scalars(entry.program, got.hyper, steps, mode) if steps is not None else None
             if scalars is None:
                 entry = None
-        if entry is None and known is None and self._threshold.cheap(opt, mode, service, lambda g: self._compiled(g, service)):
+        if entry is None and known is None and \
+                self._threshold.cheap(opt, mode, service, lambda g: self._compiled(g, service)):
             _note(counters, cls, "eager: " + Why.CHEAP)
             return False
         if entry is None:
@@ -422,7 +423,8 @@ class StepCompiler:
         entry.build = (example, kernel_threads(got.inputs), is_debugging(backend))
         if service.from_disk(region, entry.build[1]):
             _note(counters, cls, "loads from disk")
-        note_trace(service.store, got, region.disk_key)  # Note [A saved step skips the cost threshold]
+        # Note [A saved step skips the cost threshold]
+        note_trace(getattr(service, "store", None), got, region.disk_key)
         if region.state == COLD:  # nothing saved, or an entry that did not load
             self._submit(entry, service, counters)
         _note(counters, cls, "eager: " + (Why.COMPILING if region.state == COMPILING else

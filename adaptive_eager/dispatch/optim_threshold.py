@@ -152,7 +152,7 @@ class CostThreshold:
         if opt.state and opt not in self._looked_up:  # once, from its first step with state
             self._looked_up[opt] = True
             got = gather(opt, self.plain)
-            if not isinstance(got, str) and (compiled_here(got) or saved_before(service.store, got)):
+            if not isinstance(got, str) and (compiled_here(got) or saved_before(getattr(service, "store", None), got)):
                 self._spent[opt] = int(after_ns)
                 with mode.counters.lock:
                     mode.counters.optimizer_step_kinds[f"{type(opt).__name__}|saved before: no threshold"] += 1
