@@ -11,7 +11,7 @@ Example::
     >>> import torch, adaptive_eager as ae
     >>> p = torch.nn.Parameter(torch.ones(8)); opt = torch.optim.AdamW([p], lr=0.1)
     >>> ae.reset_stats()
-    >>> with ae.adaptive_eager(backend="eager", async_compile=False):
+    >>> with ae.adaptive_eager(backend="eager", async_compile=False, optimizer_step_after_ms=0):
     ...     for _ in range(5):   # state creation, trace and compile, first call checked
     ...         p.grad = torch.ones(8); opt.step()
     >>> ae.stats().optimizer_steps_compiled
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import weakref
 from typing import Any
 
@@ -36,6 +35,7 @@ from ..runtime.checks import close
 from ..runtime.compile_worker import THREADS_META
 from ..runtime.first_call import CompiledCodeWroteInput, on_host
 from ..runtime.optim_fast import KnownStep
+from .optim_threshold import CostThreshold, note_trace
 from .optim_inputs import GRAIN_SIZE, example as _example, kernel_threads  # noqa: F401 - re-exported
 from ..runtime.step_check import WROTE_READ_ONLY, BesideCheck, written_inputs
 from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
@@ -119,9 +119,8 @@ class StepCompiler:
         # optimizer -> (KnownStep, its entry, the compile service it belongs to)
         self._known: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
         self._tls = threading.local()
-        # Note [A step compiles once it has cost enough]: optimizer -> its eager steps' ns
-        self._spent: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-        self._started: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        self._released: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+        self._threshold = CostThreshold(_PLAIN)  # Note [A step compiles once it has cost enough]
         # Note [The first compiled step is checked beside the program] (runtime/step_check.py)
         self._beside = BesideCheck()
 
@@ -223,7 +222,8 @@ class StepCompiler:
                 scalars = _scalars(entry.program, got.hyper, steps, mode) if steps is not None else None
             if scalars is None:
                 entry = None
-        if entry is None and known is None and self._cheap(opt, mode):
+        if entry is None and known is None and \
+                self._threshold.cheap(opt, mode, service, lambda g: self._compiled(g, service)):
             _note(counters, cls, "eager: " + Why.CHEAP)
             return False
         if entry is None:
@@ -253,39 +253,10 @@ class StepCompiler:
         known[0].stepped(entry.program.reads, entry.program.deltas, steps, got.inputs)
         return True
 
-    # Note [A step compiles once it has cost enough]
-    # Compiling a step has a price the program pays whether or not the compile ever lands:
-    # the trace on the program's thread (~17 ms a signature, Adam over 4 tensors), the
-    # first compiled call checked against eager, and Inductor loaded into the process on a
-    # service thread (~1 s of CPU, holding the GIL against the program: right after a
-    # session, a 60-step GAN ran its eager steps at 119-210 ms against 42 ms for the ~5 s
-    # it took). A short program, or one whose step is cheap, never earns that back: the
-    # patterns benchmark measured gan 1.83x eager CPU with compiled steps against 1.18x
-    # without, nanogpt_train 1.26x against 1.03x, loss_print 1.6x against 1.07x (none of
-    # them got a compiled step in before it ended). So, as in ski rental, an optimizer's
-    # steps run eagerly (timed on the program's thread, pre-hook to post-hook) until they
-    # have cost ``optimizer_step_after_ms`` (100 ms by default, about what compiling costs
-    # the program), and only then is its step traced: a step that never costs that much
-    # never pays for a compile; one that does (the demo's AdamW: ~60 ms a step, so from
-    # its third step; AdamW over 120 tensors: ~6 ms, from its ~17th) pays at most twice.
-    # A flush inside the span (a full window, a read of a step counter) runs the program's
-    # earlier work too (the backward the window held, a region's synchronous compile), so
-    # the thread's time in flushes is left out (Flush.thread_ns): a captured step costs its
-    # capture and torch.optim's Python, wherever the window boundaries fall. Issue 27: HF
-    # Llama's step (2 windows of 256 ops a step, the second full inside the step) was
-    # charged 20, 9, 59, 12, 14 ms for its first steps (of which flushes 0, 6, 57, 9, 3),
-    # was traced at its 5th step, and the windows around it changed and warmed up again
-    # (8 steps, Inductor: 41% fused instead of ~60%).
-    def _cheap(self, opt: Any, mode: Any) -> bool:
-        """Whether ``opt``'s steps have cost less than the compile threshold so far (this
-        step is then timed, to the post-hook)."""
-        after_ns = mode.options.optimizer_step_after_ms * 1e6
-        spent = self._spent.get(opt, 0)
-        if spent >= after_ns:
-            return False
-        flusher = getattr(mode, "flusher", None)
-        self._started[opt] = (time.thread_time_ns(), flusher, flusher.thread_ns() if flusher else 0)
-        return True
+    def _compiled(self, got: Any, service: Any) -> bool:
+        """Whether the session holds a compiled trace of ``got``'s signature."""
+        return any(e.region is not None and e.region.state == COMPILED
+                   for e in self._table(service).get(got.key) or ())
 
     def _lookup(self, opt: Any, got: Any, service: Any, counters: Any, cls: str,
                 backend: Any) -> tuple:
@@ -343,11 +314,7 @@ class StepCompiler:
 
     def after_step(self, opt: Any) -> None:
         """Our (first) step post-hook: the groups back; a first compiled call checked."""
-        started = self._started.pop(opt, None)
-        if started is not None:  # Note [A step compiles once it has cost enough]
-            t0, flusher, f0 = started
-            flushes = flusher.thread_ns() - f0 if flusher is not None else 0
-            self._spent[opt] = self._spent.get(opt, 0) + max(0, time.thread_time_ns() - t0 - flushes)
+        self._threshold.charge(opt)  # Note [A step compiles once it has cost enough]
         self._beside.stepped(opt)  # Note [The copies are made the step before] (runtime/step_check.py)
         held = self._pending().pop(opt, None)
         if held is None:
@@ -457,6 +424,8 @@ class StepCompiler:
         entry.build = (example, kernel_threads(got.inputs), is_debugging(backend))
         if service.from_disk(region, entry.build[1]):
             _note(counters, cls, "loads from disk")
+        # Note [A saved step skips the cost threshold]
+        note_trace(getattr(service, "store", None), got, region.disk_key)
         if region.state == COLD:  # nothing saved, or an entry that did not load
             self._submit(entry, service, counters)
         _note(counters, cls, "eager: " + (Why.COMPILING if region.state == COMPILING else
@@ -489,6 +458,11 @@ class StepCompiler:
             return False
         if not mode._parked and len(mode.recorder):
             mode.flush(R.OPTIMIZER_STEP, user_source())
+        if not got.known and not mode._parked and opt not in self._released \
+                and not self._known[opt][0].usable:
+            # Note [State made while capturing is released at its step]
+            self._released[opt] = True
+            mode.release_handles()
         # handles (a grad made by a captured backward, bound by now, possibly kept while
         # parked): their real tensors
         lazy = LazyTensor
@@ -543,6 +517,15 @@ class StepCompiler:
         _note(counters, cls, "compiled steps")
         return True
 
+    # Note [State made while capturing is released at its step]
+    # An optimizer whose first step ran while the mode captured holds handles in its state
+    # (moments, momentum buffers): a known step must not hold them (Note [Releasing bound
+    # handles]), so each of its steps was gathered, looked up and re-checked from scratch,
+    # for as long as the mode did not park: AdamW over 100 tensors, its compiled step a
+    # no-op, 1.94 ms of Python a step against ~0.14 ms for a known step. Its window has
+    # just run (the flush above), so, once per optimizer, the mode's bound handles are
+    # released here, as parking does: those nothing else holds become plain tensors in
+    # place, and the next step's gather makes a known step.
     def _call(self, entry: _Entry, service: Any, args: list, counters: Any, cls: str) -> bool:
         try:
             with torch.no_grad(), _disable_current_modes(), torch._C.DisableTorchFunction():
@@ -555,10 +538,11 @@ class StepCompiler:
 
 
 def _scalars(program: StepProgram, hyper: list, steps: list, mode: Any) -> list | None:
-    """The program's lifted scalars as real tensors (made off the mode stack)."""
-    if mode is not None and mode._parked:
-        return program.scalars(hyper, steps)
-    with _disable_current_modes():
+    """The program's lifted scalars as real tensors, made past the dispatch mode and
+    without torch-function handling: ``torch.tensor`` of a list of floats checked each
+    for an override (AdamW over 100 tensors: two 100-float lists; 69 -> 31 µs a step,
+    and _disable_current_modes cost SGD's two scalars ~20 µs)."""
+    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
         return program.scalars(hyper, steps)
 
 

@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..fusion.scalars import rules_for, scalar_dtype
-from .optim_scalars import Traced, compile_program, trace_value
+from .optim_scalars import Traced, compile_program, one_step_program, trace_value
 
 aten = torch.ops.aten
 _DTYPES = (torch.float32, torch.float64)
@@ -342,6 +342,9 @@ class StepProgram:
     slots: tuple      # (dtype, length or None) per lifted scalar
     baked: int
     deltas: tuple = ()  # per read step counter: what the step adds to it (1.0)
+    # the program with every step counter read as the first: for steps all equal (Note
+    # [Equal step counters share their arithmetic])
+    uniform: Callable[[list, list], tuple] | None = None
 
     @property
     def n_scalars(self) -> int:
@@ -350,7 +353,11 @@ class StepProgram:
     def scalars(self, hyper: list, steps: list) -> list | None:
         """The lifted scalars as tensors for these values; None when a guard fails (torch's
         code would take another branch)."""
-        values, ok = self.program(hyper, steps)
+        uniform = self.uniform
+        if uniform is not None and steps and steps.count(steps[0]) == len(steps):
+            values, ok = uniform(hyper, steps)
+        else:
+            values, ok = self.program(hyper, steps)
         if not ok:
             return None
         return [torch.tensor(v, dtype=dt) for v, (dt, _) in zip(values, self.slots)]
@@ -509,9 +516,13 @@ def trace_step(opt: torch.optim.Optimizer, got: Gathered) -> StepProgram:
     if not holds:
         raise NotTraceable("the traced guards do not hold for the traced values")
     gm = _build(rec, got.inputs, plans, len(slots), got.grads)
+    # Note [Equal step counters share their arithmetic]
+    uniform = one_step_program([sl[0] for sl in slots], all_guards) if len(rec.reads) > 1 else None
     return StepProgram(gm, tuple(rec.consts), tuple(rec.reads), program,
                        tuple((dt, n) for _, dt, n in slots), len(guards),
-                       tuple(rec.deltas[n] for n in rec.reads))
+                       tuple(rec.deltas[n] for n in rec.reads), uniform)
+
+
 
 
 # Note [Lerp for a compiler]
