@@ -224,3 +224,33 @@ def test_compiled_optimizer_step_is_saved_and_loaded_by_the_next_process():
     for a, b, e in zip(first, second, eager):
         assert torch.equal(a, e) and torch.equal(b, e)
 
+
+
+def test_a_load_cut_short_by_exit_keeps_its_entry(monkeypatch):
+    """Note [A load cut short by exit keeps its entry]: a load that fails because the
+    interpreter is exiting does not delete the entry; one that fails otherwise does."""
+    from adaptive_eager.runtime import compiler
+    from adaptive_eager.runtime.cache import COMPILING, RegionEntry
+    from adaptive_eager.runtime.counters import Counters
+
+    class Store:
+        discarded: list = []
+
+        def get(self, key):
+            return b"data"
+
+        def load(self, data):
+            raise ImportError("sys.meta_path is None, Python is likely shutting down")
+
+        def discard(self, key):
+            self.discarded.append(key)
+
+    svc = compiler.CompileService(lambda g, ex: g, Counters(), async_=False, timeout_s=10,
+                                  store=Store())
+    for exiting, kept in ((True, True), (False, False)):
+        Store.discarded = []
+        monkeypatch.setattr(compiler, "worker_exiting", lambda: exiting)
+        e = RegionEntry("k")
+        e.state = COMPILING
+        svc._load(e, "a-key")
+        assert (Store.discarded == []) is kept, (exiting, Store.discarded)

@@ -320,6 +320,11 @@ class _Worker:
         self._kill()
 
 
+def exiting() -> bool:
+    """Whether the interpreter has begun to exit (the worker closed at exit, or finalizing)."""
+    return _WORKER._closed or sys.is_finalizing()
+
+
 def _send(stream: BinaryIO, obj: Any) -> None:
     data = pickle.dumps(obj)
     stream.write(len(data).to_bytes(8, "little") + data)

@@ -37,6 +37,7 @@ from ..hooks import HOOKS, Patch, rng_setters_skipped, skip_rng_setters_in_this_
 from .windows import transition
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from .compile_worker import ISA_META, ISA_PROBED, THREADS_META, Exiting
+from .compile_worker import exiting as worker_exiting
 from .counters import Counters
 from .layouts import LayoutDisagreement, explains_layout, layout_disagreements
 from .region_store import RegionStore
@@ -356,6 +357,11 @@ class CompileService:
             data = self.store.get(key)
             fn = self.store.load(data) if data is not None else None
         except Exception as e:  # noqa: BLE001 - an entry that does not load: compile it
+            # Note [A load cut short by exit keeps its entry]: a load still running when
+            # the interpreter exits fails in its imports (modules torn down), not in its
+            # entry: the entry stays for the next process.
+            if worker_exiting():
+                return
             clog.debug("region %s: disk cache entry does not load (%s: %s); deleted",
                        _short(entry.key), type(e).__name__, e)
             self.store.discard(key)
