@@ -348,6 +348,30 @@ class DeferPolicy:
             return ACT_CAPTURE
         return ACT_STAY
 
+    def parked_tick(self, at: At = AT_READ) -> bool:
+        """Parked, at safe point ``at`` (standing for its calls' worth): whether counting them
+        towards the next probe is all there is to do (passing through with no probe due,
+        or off), counted then; False: ask :meth:`at_safe_point` (Note [A parked read
+        costs a counter], dispatch/parking.py). The same as ``at_safe_point`` answering
+        ACT_STAY, without its calls.
+
+        Example::
+
+            >>> p = DeferPolicy(probe_every=25); p.phase = Phase.PASSING
+            >>> p.parked_tick(), p.parked_tick(), p.parked_tick()  # a read: 10 calls' worth each
+            (True, True, False)
+        """
+        p = self.phase
+        if p is _OFF:
+            return True
+        if p is not _PASSING:
+            return False
+        calls = self._calls + _weight(at)
+        if calls >= self.probe_every:
+            return False  # a probe may be due: should_defer decides
+        self._calls = calls
+        return True
+
     def on_stack(self, weight: int = 1) -> bool:
         """At a safe point: whether the mode should be on the dispatch-mode stack now
         (capturing, measuring, or a probe due). Ends a measure that has seen enough
