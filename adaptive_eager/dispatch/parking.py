@@ -129,9 +129,11 @@ def seen(mode: Any, read: bool) -> None:
 # :func:`parked_call` first: while the mode is parked and the policy passes through with
 # no probe due (DeferPolicy.parked_tick) they count and the read runs as it is; anything
 # else (warming, a probe due, waiting for compiles, another block of ours in the thread)
-# takes the general path. Reads inside an optimizer step are told by a plain
-# thread-local flag, set at the step's start and cleared at its end when no step of the
-# thread is left open (SafePoints.busy), not by the weak set of open steps.
+# takes the general path. Whether a read is inside an optimizer step is first asked of a
+# plain thread-local flag, set at a step's start and cleared at its end when no step of
+# the thread is left open (_StepState.busy); only while it is set is the weak set of open
+# steps asked (an optimizer whose step raised stays in it until freed: the flag does not
+# know that, so it alone would have kept a later program "in a step" for good).
 def parked_read(mode: Any) -> bool:
     """The hot path of a read while ``mode`` is parked (Note [A parked read costs a
     counter]): True if counting it is all there is to do (counted then); False: take
@@ -140,7 +142,7 @@ def parked_read(mode: Any) -> bool:
         return False
     policy = mode.policy
     sp = SAFE_POINTS
-    if sp is not None and sp._tls.busy:  # Note [Probes come between optimizer steps]
+    if sp is not None and sp._tls.busy and sp.in_step():  # Note [Probes come between optimizer steps]
         if policy.warming:
             return False  # the program's read inside a step (a closure's) may end it
     elif not policy.parked_tick():
@@ -154,7 +156,12 @@ def parked_read(mode: Any) -> bool:
 def parked_call(mode: Any) -> bool:
     """Like :func:`parked_read` for a safe point that is not a read (``backward()``,
     ``At.CALL``): True if ``mode`` is parked and counting it was all there was to do."""
-    return mode._parked and mode.policy.parked_tick(AT_CALL)
+    if not mode._parked:
+        return False
+    sp = SAFE_POINTS
+    if sp is not None and sp._tls.busy and sp.in_step():
+        return True  # Note [Probes come between optimizer steps]: nothing happens here
+    return mode.policy.parked_tick(AT_CALL)
 
 
 def safe_point(mode: Any, at: At) -> None:
@@ -162,7 +169,8 @@ def safe_point(mode: Any, at: At) -> None:
     (it stopped deferring and nothing is pending) or comes back (a probe, compiles
     ready), and this applies the answer (``at``: which safe point this is)."""
     parked = mode._parked
-    in_step = at is AT_READ and parked and SAFE_POINTS is not None and SAFE_POINTS.in_step()
+    in_step = (at is AT_READ or at is AT_CALL) and parked and SAFE_POINTS is not None \
+        and SAFE_POINTS.in_step()
     # feed(SafePoint(...)), without the event: every read of a parked program comes here
     act = mode.policy.at_safe_point(at, parked, bool(mode.recorder.nodes), in_step)
     if act is ACT_UNPARK:
@@ -296,7 +304,13 @@ class SafePoints:
     # capture would see (Note [Optimizer steps at the foreach level]), so it found
     # 18-40 µs an op and parked again, every ~0.2 s (AdamW over 100 tensors: 1.3 ms of
     # pass-through per probe, 0.79x eager). Reads inside an optimizer step (between its
-    # pre and post hooks, this thread) are not where a parked mode comes back.
+    # pre and post hooks, this thread) are not where a parked mode comes back, nor are
+    # calls of backward() there: LBFGS's closure runs forward and backward inside the
+    # step, and a measure that came back at its backward() (the first safe point after
+    # the warm-up ended at the closure's read) passed the whole backward and the rest of
+    # the step through the mode while settling (time_sequence_prediction, the patterns
+    # benchmark's lbfgs: 3,451 ops passed through for 66 timed, 1.15x eager CPU); it now
+    # comes back at the step's end.
     def _stepping(self) -> "weakref.WeakSet":
         stepping = self._tls.stepping
         if stepping is None:
@@ -306,7 +320,11 @@ class SafePoints:
     def in_step(self) -> bool:
         """Whether this thread is inside an optimizer step (Note [Probes come between
         optimizer steps])."""
-        return bool(self._tls.stepping)
+        tls = self._tls
+        if tls.stepping:
+            return True
+        tls.busy = False  # an open step's optimizer was freed (its step raised)
+        return False
 
     def _switched(self) -> "weakref.WeakKeyDictionary":
         switched = self._tls.foreach
@@ -351,7 +369,11 @@ class SafePoints:
 
     def restore_foreach(self) -> None:
         """Every group this thread switched and did not restore yet gets foreach=None back
-        (and every optimizer whose compiled step did not end its param groups)."""
+        (and every optimizer whose compiled step did not end its param groups); the
+        thread's last block is being left. A step still open then raised (its post hook
+        never ran): it no longer counts as open (Note [Probes come between optimizer
+        steps]; a live optimizer whose step raised kept a later block's reads and
+        backward() calls from ever being probe points)."""
         steps = _steps(load=False)
         if steps is not None:
             steps.give_back()
@@ -359,6 +381,9 @@ class SafePoints:
         while switched:
             _, groups = switched.popitem()
             restore_foreach(groups)
+        if self._tls.stepping:
+            self._tls.stepping.clear()
+        self._tls.busy = False
 
     def step_ends(self, opt: Any, *_: Any) -> None:
         """The end of an optimizer step."""

@@ -43,7 +43,7 @@ from ..fusion.policy import fusible
 from .occupancy import DEVICE_BOUND_SHARE, Occupancy, backlog_probe, device_clock, span_cost
 from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, CAPTURE_NS_PER_OP, GROWING_REASON,
                        RESHAPED_REASON, RESHAPED_STREAK, RESHAPED_WEIGHT, Tally, Verdict)
-from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_MODULE, AT_READ,
+from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_CALL, AT_MODULE, AT_READ,
                      AT_STEP, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded)
 
 # -- the session's pass-through policy ------------------------------------------------------
@@ -335,7 +335,7 @@ class DeferPolicy:
         """``feed(SafePoint(...))`` without making the event (the hot path: every read
         of a parked program comes here)."""
         if parked:
-            if in_step and at is AT_READ:
+            if in_step and (at is AT_READ or at is AT_CALL):
                 return ACT_STAY  # Note [Probes come between optimizer steps] (parking.py)
             return ACT_UNPARK if self.on_stack(_weight(at)) else ACT_STAY
         if pending:
