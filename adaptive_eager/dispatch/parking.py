@@ -40,8 +40,8 @@ from .optim import restore as restore_foreach
 from .optim import use_foreach
 from .source import user_source
 from ..reasons import R
-from ..runtime.phases import (ACT_CAPTURE, ACT_PARK, ACT_UNPARK, AT_BLOCK, AT_CALL, AT_MODULE, AT_READ, AT_STEP,
-                              At, Moved, SafePoint, WarmupEnded)
+from ..runtime.phases import (ACT_CAPTURE, ACT_PARK, ACT_UNPARK, AT_BLOCK, AT_CALL, AT_MODULE, AT_READ,
+                              AT_STEP, At, Moved, SafePoint, WarmupEnded)
 
 _PARK_LOG = artifact_logger("ae_parking")
 
@@ -496,5 +496,5 @@ def install(thread_stack: Callable[[], list | None], counters: Any) -> SafePoint
         return SAFE_POINTS
 
 
-__all__ = ["park", "unpark", "policy_stopped", "seen", "parked_read", "parked_call", "safe_point", "block_entered", "block_left",
-           "end_warmup", "SafePoints", "install", "SAFE_POINTS", "At"]
+__all__ = ["park", "unpark", "policy_stopped", "seen", "parked_read", "parked_call", "safe_point",
+           "block_entered", "block_left", "end_warmup", "SafePoints", "install", "SAFE_POINTS", "At"]

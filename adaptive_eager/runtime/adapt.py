@@ -1,7 +1,6 @@
 """Adaptation: when capturing pays, and what to do with each window. One owner, two files.
 
-Everything that decides whether the runtime keeps deferring ops lives here and in
-:mod:`.windows`:
+Everything that decides whether the runtime keeps deferring lives here and in :mod:`.windows`:
 
 * :class:`DeferPolicy` (this module), the session's pass-through policy: one
   :class:`~.phases.Phase` moved by one transition function (``feed``) fed immutable events
@@ -14,8 +13,8 @@ Everything that decides whether the runtime keeps deferring ops lives here and i
   ``transition`` (a compiled region's states).
 
 Mechanisms ask through these names only: the executor (runtime/compiled.py), the compile
-service (runtime/compiler.py), the mode and parking (dispatch/). A newcomer changing "when
-to stop deferring" edits this file; what a window is worth, runtime/windows.py.
+service (runtime/compiler.py), the mode and parking (dispatch/). "When to stop deferring"
+is this file; what a window is worth, runtime/windows.py.
 
 Example::
 
@@ -43,8 +42,8 @@ from ..fusion.policy import fusible
 from .occupancy import DEVICE_BOUND_SHARE, Occupancy, backlog_probe, device_clock, span_cost
 from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, CAPTURE_NS_PER_OP, GROWING_REASON,
                        RESHAPED_REASON, RESHAPED_STREAK, RESHAPED_WEIGHT, Tally, Verdict)
-from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_CALL, AT_MODULE, AT_READ,
-                     AT_STEP, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded)
+from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_CALL, AT_MODULE,
+                     AT_READ, AT_STEP, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded)
 
 # -- the session's pass-through policy ------------------------------------------------------
 # Note [Probes are paid for]
@@ -349,26 +348,14 @@ class DeferPolicy:
         return ACT_STAY
 
     def parked_tick(self, at: At = AT_READ) -> bool:
-        """Parked, at safe point ``at`` (standing for its calls' worth): whether counting them
-        towards the next probe is all there is to do (passing through with no probe due,
-        or off), counted then; False: ask :meth:`at_safe_point` (Note [A parked read
-        costs a counter], dispatch/parking.py). The same as ``at_safe_point`` answering
-        ACT_STAY, without its calls.
-
-        Example::
-
-            >>> p = DeferPolicy(probe_every=25); p.phase = Phase.PASSING
-            >>> p.parked_tick(), p.parked_tick(), p.parked_tick()  # a read: 10 calls' worth each
-            (True, True, False)
-        """
-        p = self.phase
-        if p is _OFF:
-            return True
-        if p is not _PASSING:
-            return False
+        """Parked, at ``at``: True, its calls' worth counted, where :meth:`at_safe_point`
+        would stay put; False: ask it (Note [A parked read costs a counter], parking.py;
+        tests/test_parked_reads.py)."""
+        if self.phase is not _PASSING:
+            return self.phase is _OFF  # off: never a probe; else the general path decides
         calls = self._calls + _weight(at)
-        if calls >= self.probe_every:
-            return False  # a probe may be due: should_defer decides
+        if calls >= self.probe_every:  # a probe may be due: should_defer decides
+            return False
         self._calls = calls
         return True
 
