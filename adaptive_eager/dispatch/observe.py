@@ -95,6 +95,7 @@ class _Observers(threading.local):
 
 _TLS = _Observers()
 _all_disabled = torch._C._is_torch_function_all_disabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -241,10 +242,12 @@ def _method(name: str, func: Callable, kind: str) -> Callable:
     @functools.wraps(func)
     def read(*args: Any, **kwargs: Any) -> Any:
         stack = _TLS.observers
-        # Note [A parked read costs a counter] (parking.py): one block in this thread
-        # (no other mode of ours on its stack), parked, the program's read of a plain tensor
+        # Note [A parked read costs a counter] (parking.py): one block in this thread,
+        # parked, no mode at all on its dispatch-mode stack (an abandoned block's mode
+        # parks at a read: Note [A block is left in the thread that entered it],
+        # session.py), the program's read of a plain tensor
         if fast and args and stack is not None and len(stack) == 1 and stack[0].mode._parked \
-                and not _LAZY_TLS.suspended and not _all_disabled() \
+                and not _dispatch_modes() and not _LAZY_TLS.suspended and not _all_disabled() \
                 and type(args[0]) is not LazyTensor and parked_read(stack[0].mode):
             return func(*args, **kwargs)
         mode = _mode_here()
