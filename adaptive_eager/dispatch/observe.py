@@ -37,7 +37,7 @@ from .lazy import _TLS as _LAZY_TLS
 from .lazy import LazyTensor, suspended
 from .mode import AdaptiveEagerMode, _tensors
 from ..runtime.phases import AT_READ
-from .parking import At, end_warmup, safe_point, seen
+from .parking import At, end_warmup, parked_call, parked_read, safe_point, seen
 from .source import called_by_user, user_source, warnings_at_user_line
 from ..hooks import HOOKS, MARK, Patch
 from ..reasons import R
@@ -87,8 +87,15 @@ _DIRECT_FUNCTIONS = ("tensor", "as_tensor", "asarray", "_has_compatible_shallow_
 # mode is told which read it is while the call runs, and names the sync after it.
 _READ_REASONS = {"__bool__": R.BOOL}
 
-_TLS = threading.local()  # .observers: this thread's Observers, innermost last
+class _Observers(threading.local):
+    """This thread's Observers, innermost last (a class default: read without a miss)."""
+
+    observers: "list | None" = None
+
+
+_TLS = _Observers()
 _all_disabled = torch._C._is_torch_function_all_disabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -228,8 +235,21 @@ def _method(name: str, func: Callable, kind: str) -> Callable:
     if kind == "direct":  # not a read: a handler of direct.py, no safe point
         return _function(name, func)
 
+    # scalar reads and conversions only: an exposing read notes its export (Note [Exported
+    # memory]), a copying one (repr) runs its own reads suspended, uncounted
+    fast = kind == "scalar" or kind == "convert"
+
     @functools.wraps(func)
     def read(*args: Any, **kwargs: Any) -> Any:
+        stack = _TLS.observers
+        # Note [A parked read costs a counter] (parking.py): one block in this thread,
+        # parked, no mode at all on its dispatch-mode stack (an abandoned block's mode
+        # parks at a read: Note [A block is left in the thread that entered it],
+        # session.py), the program's read of a plain tensor
+        if fast and args and stack is not None and len(stack) == 1 and stack[0].mode._parked \
+                and not _dispatch_modes() and not _LAZY_TLS.suspended and not _all_disabled() \
+                and type(args[0]) is not LazyTensor and parked_read(stack[0].mode):
+            return func(*args, **kwargs)
         mode = _mode_here()
         if mode is None:
             if name in _ARRAYS and _programs_read():
@@ -246,9 +266,11 @@ def _safe_point(name: str, func: Callable) -> Callable:
         mode = _mode_here()
         if mode is None:
             return func(*args, **kwargs)
-        safe_point(mode, At.CALL)
+        if not parked_call(mode):  # Note [A parked read costs a counter]
+            safe_point(mode, At.CALL)
         out = func(*args, **kwargs)
-        safe_point(mode, At.CALL)
+        if not parked_call(mode):
+            safe_point(mode, At.CALL)
         return out
 
     return around

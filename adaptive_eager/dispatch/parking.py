@@ -40,8 +40,8 @@ from .optim import restore as restore_foreach
 from .optim import use_foreach
 from .source import user_source
 from ..reasons import R
-from ..runtime.phases import (ACT_CAPTURE, ACT_PARK, ACT_UNPARK, AT_BLOCK, AT_MODULE, AT_READ, AT_STEP,
-                              At, Moved, SafePoint, WarmupEnded)
+from ..runtime.phases import (ACT_CAPTURE, ACT_PARK, ACT_UNPARK, AT_BLOCK, AT_CALL, AT_MODULE, AT_READ,
+                              AT_STEP, At, Moved, SafePoint, WarmupEnded)
 
 _PARK_LOG = artifact_logger("ae_parking")
 
@@ -116,12 +116,61 @@ def seen(mode: Any, read: bool) -> None:
     mode.policy.seen(read, parked)  # feed(Seen(read, parked)), without the event
 
 
+# Note [A parked read costs a counter]
+# A parked program's reads (``loss.item()``, ``if t:``, torch.optim's single-tensor steps
+# reading each parameter's step counter) are safe points where, almost always, nothing
+# happens: nothing is pending, no probe is due, so the read only counts (the stats' reads,
+# the policy's calls towards the next probe). Through the general path (seen, the
+# policy's at_safe_point, on_stack, should_defer, suspended capture) a parked ``item()``
+# cost 2.1 µs against 0.16 µs eagerly, and its calls were most of what a parked program
+# paid over eager (measured, 1 thread: regression 1.14x eager CPU parked from its first
+# op, 0.99x with the read wrappers removed; a GAN's Adam steps read 8 step counters a
+# step). So the read wrappers and backward() ask :func:`parked_read` /
+# :func:`parked_call` first: while the mode is parked and the policy passes through with
+# no probe due (DeferPolicy.parked_tick) they count and the read runs as it is; anything
+# else (warming, a probe due, waiting for compiles, another block of ours in the thread)
+# takes the general path. Whether a read is inside an optimizer step is first asked of a
+# plain thread-local flag, set at a step's start and cleared at its end when no step of
+# the thread is left open (_StepState.busy); only while it is set is the weak set of open
+# steps asked (an optimizer whose step raised stays in it until freed: the flag does not
+# know that, so it alone would have kept a later program "in a step" for good).
+def parked_read(mode: Any) -> bool:
+    """The hot path of a read while ``mode`` is parked (Note [A parked read costs a
+    counter]): True if counting it is all there is to do (counted then); False: take
+    the general path (:func:`seen`, then :func:`safe_point`)."""
+    if not mode._parked:
+        return False
+    policy = mode.policy
+    sp = SAFE_POINTS
+    if sp is not None and sp._tls.busy and sp.in_step():  # Note [Probes come between optimizer steps]
+        if policy.warming:
+            return False  # the program's read inside a step (a closure's) may end it
+    elif not policy.parked_tick():
+        return False
+    counters = mode.counters
+    counters.reads += 1
+    counters.reads_parked += 1
+    return True
+
+
+def parked_call(mode: Any) -> bool:
+    """Like :func:`parked_read` for a safe point that is not a read (``backward()``,
+    ``At.CALL``): True if ``mode`` is parked and counting it was all there was to do."""
+    if not mode._parked:
+        return False
+    sp = SAFE_POINTS
+    if sp is not None and sp._tls.busy and sp.in_step():
+        return True  # Note [Probes come between optimizer steps]: nothing happens here
+    return mode.policy.parked_tick(AT_CALL)
+
+
 def safe_point(mode: Any, at: At) -> None:
     """Between torch calls (outside any op): the policy answers whether ``mode`` parks
     (it stopped deferring and nothing is pending) or comes back (a probe, compiles
     ready), and this applies the answer (``at``: which safe point this is)."""
     parked = mode._parked
-    in_step = at is AT_READ and parked and SAFE_POINTS is not None and SAFE_POINTS.in_step()
+    in_step = (at is AT_READ or at is AT_CALL) and parked and SAFE_POINTS is not None \
+        and SAFE_POINTS.in_step()
     # feed(SafePoint(...)), without the event: every read of a parked program comes here
     act = mode.policy.at_safe_point(at, parked, bool(mode.recorder.nodes), in_step)
     if act is ACT_UNPARK:
@@ -224,7 +273,7 @@ class SafePoints:
         self.counters = counters
         self._lock = threading.Lock()
         self._wanting: "weakref.WeakSet[Any]" = weakref.WeakSet()  # modes that need module calls
-        self._tls = threading.local()  # optimizer -> param groups switched to foreach
+        self._tls = _StepState()  # optimizer -> param groups switched to foreach
         # Rows of the hooks registry (Note [The hooks registry], hooks.py): torch's public
         # API; the step hooks cost nothing to code that never steps an optimizer.
         self.step_hooks = Hook("optim-steps", "torch.optim global step pre/post hooks",
@@ -255,9 +304,15 @@ class SafePoints:
     # capture would see (Note [Optimizer steps at the foreach level]), so it found
     # 18-40 µs an op and parked again, every ~0.2 s (AdamW over 100 tensors: 1.3 ms of
     # pass-through per probe, 0.79x eager). Reads inside an optimizer step (between its
-    # pre and post hooks, this thread) are not where a parked mode comes back.
+    # pre and post hooks, this thread) are not where a parked mode comes back, nor are
+    # calls of backward() there: LBFGS's closure runs forward and backward inside the
+    # step, and a measure that came back at its backward() (the first safe point after
+    # the warm-up ended at the closure's read) passed the whole backward and the rest of
+    # the step through the mode while settling (time_sequence_prediction, the patterns
+    # benchmark's lbfgs: 3,451 ops passed through for 66 timed, 1.15x eager CPU); it now
+    # comes back at the step's end.
     def _stepping(self) -> "weakref.WeakSet":
-        stepping = getattr(self._tls, "stepping", None)
+        stepping = self._tls.stepping
         if stepping is None:
             stepping = self._tls.stepping = weakref.WeakSet()
         return stepping
@@ -265,10 +320,14 @@ class SafePoints:
     def in_step(self) -> bool:
         """Whether this thread is inside an optimizer step (Note [Probes come between
         optimizer steps])."""
-        return bool(getattr(self._tls, "stepping", None))
+        tls = self._tls
+        if tls.stepping:
+            return True
+        tls.busy = False  # an open step's optimizer was freed (its step raised)
+        return False
 
     def _switched(self) -> "weakref.WeakKeyDictionary":
-        switched = getattr(self._tls, "foreach", None)
+        switched = self._tls.foreach
         if switched is None:
             switched = self._tls.foreach = weakref.WeakKeyDictionary()
         return switched
@@ -286,6 +345,7 @@ class SafePoints:
         stepping = self._stepping()
         nested = opt in stepping  # a subclass's step calling its base class's
         stepping.add(opt)  # Note [Probes come between optimizer steps]
+        self._tls.busy = True  # Note [A parked read costs a counter]
         st = self.thread_stack()
         if not st:
             return
@@ -309,19 +369,28 @@ class SafePoints:
 
     def restore_foreach(self) -> None:
         """Every group this thread switched and did not restore yet gets foreach=None back
-        (and every optimizer whose compiled step did not end its param groups)."""
+        (and every optimizer whose compiled step did not end its param groups); the
+        thread's last block is being left. A step still open then raised (its post hook
+        never ran): it no longer counts as open (Note [Probes come between optimizer
+        steps]; a live optimizer whose step raised kept a later block's reads and
+        backward() calls from ever being probe points)."""
         steps = _steps(load=False)
         if steps is not None:
             steps.give_back()
-        switched = getattr(self._tls, "foreach", None)
+        switched = self._tls.foreach
         while switched:
             _, groups = switched.popitem()
             restore_foreach(groups)
+        if self._tls.stepping:
+            self._tls.stepping.clear()
+        self._tls.busy = False
 
     def step_ends(self, opt: Any, *_: Any) -> None:
         """The end of an optimizer step."""
-        self._stepping().discard(opt)
-        switched = getattr(self._tls, "foreach", None)
+        stepping = self._stepping()
+        stepping.discard(opt)
+        self._tls.busy = bool(stepping)
+        switched = self._tls.foreach
         if switched:
             groups = switched.pop(opt, None)
             if groups:
@@ -330,6 +399,13 @@ class SafePoints:
         if not st:
             return
         mode = st[-1][0]
+        if mode._parked and mode.policy.parked_tick(AT_STEP):
+            # Note [A parked read costs a counter]: what seen() and safe_point() do here
+            counters = mode.counters
+            counters.optimizer_steps += 1
+            counters.optimizer_steps_parked += 1
+            mode.policy.seen(False, True)
+            return
         # Note [Counting while passing through] (runtime/counters.py)
         seen(mode, False)
         if mode.policy.warming:
@@ -387,6 +463,16 @@ class SafePoints:
         return HOOKS.installed(self.module_hook)
 
 
+class _StepState(threading.local):
+    """A thread's optimizer steps: the open ones (a weak set), whether any is open (a
+    plain flag: Note [A parked read costs a counter]), the groups switched to foreach.
+    Class defaults: every thread reads them without a miss."""
+
+    stepping: "weakref.WeakSet | None" = None
+    busy = False
+    foreach: "weakref.WeakKeyDictionary | None" = None
+
+
 def _remove_handles(handles: list) -> None:
     for handle in handles:
         handle.remove()
@@ -410,5 +496,5 @@ def install(thread_stack: Callable[[], list | None], counters: Any) -> SafePoint
         return SAFE_POINTS
 
 
-__all__ = ["park", "unpark", "policy_stopped", "seen", "safe_point", "block_entered", "block_left",
-           "end_warmup", "SafePoints", "install", "SAFE_POINTS", "At"]
+__all__ = ["park", "unpark", "policy_stopped", "seen", "parked_read", "parked_call", "safe_point",
+           "block_entered", "block_left", "end_warmup", "SafePoints", "install", "SAFE_POINTS", "At"]

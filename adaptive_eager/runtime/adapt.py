@@ -1,7 +1,6 @@
 """Adaptation: when capturing pays, and what to do with each window. One owner, two files.
 
-Everything that decides whether the runtime keeps deferring ops lives here and in
-:mod:`.windows`:
+Everything that decides whether the runtime keeps deferring lives here and in :mod:`.windows`:
 
 * :class:`DeferPolicy` (this module), the session's pass-through policy: one
   :class:`~.phases.Phase` moved by one transition function (``feed``) fed immutable events
@@ -14,8 +13,8 @@ Everything that decides whether the runtime keeps deferring ops lives here and i
   ``transition`` (a compiled region's states).
 
 Mechanisms ask through these names only: the executor (runtime/compiled.py), the compile
-service (runtime/compiler.py), the mode and parking (dispatch/). A newcomer changing "when
-to stop deferring" edits this file; what a window is worth, runtime/windows.py.
+service (runtime/compiler.py), the mode and parking (dispatch/). "When to stop deferring"
+is this file; what a window is worth, runtime/windows.py.
 
 Example::
 
@@ -43,8 +42,8 @@ from ..fusion.policy import fusible
 from .occupancy import DEVICE_BOUND_SHARE, Occupancy, backlog_probe, device_clock, span_cost
 from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, CAPTURE_NS_PER_OP, GROWING_REASON,
                        RESHAPED_REASON, RESHAPED_STREAK, RESHAPED_WEIGHT, Tally, Verdict)
-from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_MODULE, AT_READ,
-                     AT_STEP, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded)
+from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_CALL, AT_MODULE,
+                     AT_READ, AT_STEP, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded)
 
 # -- the session's pass-through policy ------------------------------------------------------
 # Note [Probes are paid for]
@@ -335,7 +334,7 @@ class DeferPolicy:
         """``feed(SafePoint(...))`` without making the event (the hot path: every read
         of a parked program comes here)."""
         if parked:
-            if in_step and at is AT_READ:
+            if in_step and (at is AT_READ or at is AT_CALL):
                 return ACT_STAY  # Note [Probes come between optimizer steps] (parking.py)
             return ACT_UNPARK if self.on_stack(_weight(at)) else ACT_STAY
         if pending:
@@ -347,6 +346,18 @@ class DeferPolicy:
         if measuring and not self.measuring:
             return ACT_CAPTURE
         return ACT_STAY
+
+    def parked_tick(self, at: At = AT_READ) -> bool:
+        """Parked, at ``at``: True, its calls' worth counted, where :meth:`at_safe_point`
+        would stay put; False: ask it (Note [A parked read costs a counter], parking.py;
+        tests/test_parked_reads.py)."""
+        if self.phase is not _PASSING:
+            return self.phase is _OFF  # off: never a probe; else the general path decides
+        calls = self._calls + _weight(at)
+        if calls >= self.probe_every:  # a probe may be due: should_defer decides
+            return False
+        self._calls = calls
+        return True
 
     def on_stack(self, weight: int = 1) -> bool:
         """At a safe point: whether the mode should be on the dispatch-mode stack now
