@@ -390,6 +390,7 @@ def test_the_step_index_finds_a_saved_artifact_only_when_loading_is_cheap(tmp_pa
     under the step's signature; a lookup finds it once the artifact is on disk, for
     another signature not; for Inductor only once an Inductor artifact was loaded in the
     process (its module in sys.modules)."""
+    import importlib
     import sys
     import types
 
@@ -416,6 +417,7 @@ def test_the_step_index_finds_a_saved_artifact_only_when_loading_is_cheap(tmp_pa
     assert not saved_before(RegionStore(cache, "a backend", "cpu", None), got(4))  # no codec
     inductor = RegionStore(cache, "inductor", "cpu", artifact_codec("inductor", "cpu"))
     assert note_trace(inductor, got(4), "a" * 64)
+    importlib.import_module("torch._inductor.codecache")  # imported by any artifact's load
     monkeypatch.setitem(sys.modules, "torch._inductor.runtime.compile_tasks.an_artifact",
                         types.ModuleType("an_artifact"))
     assert saved_before(inductor, got(4))
