@@ -282,3 +282,38 @@ def test_no_copies_the_step_before_while_its_writes_are_still_captured():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(copies[0], p) and copies[1] is g
+
+
+def test_a_program_ending_while_the_checker_copies_exits_cleanly():
+    """Note [A thread in torch's C++ at exit is let finish]: a daemon thread inside an ATen
+    call when the interpreter finalizes aborted the process (std::terminate, status 134)
+    after the program had finished; the checker thread is let finish its call at exit."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from adaptive_eager.runtime import compiler
+    from adaptive_eager.runtime.step_check import BesideCheck
+
+    body = textwrap.dedent("""
+        import sys, time, torch
+        from adaptive_eager.runtime.compiler import DaemonThread
+        t = DaemonThread("t", finish_at_exit=sys.argv[1] == "1")
+        x = torch.ones(1 << 24)
+        def work():
+            for _ in range(40):
+                x.clone()
+        t.submit(work)
+        time.sleep(0.05)
+        print("done", flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", body, "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "done" in r.stdout, (r.returncode, r.stderr[-2000:])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        check = BesideCheck()
+        assert check.beside  # a checker thread at one torch thread ...
+        assert check._thread in compiler._FINISHING  # ... let finish at exit
+    finally:
+        torch.set_num_threads(threads)

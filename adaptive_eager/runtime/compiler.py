@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
 import logging
 import os
@@ -28,6 +29,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -104,14 +106,52 @@ def guard_rng_setters() -> None:
 # its region eager-only but cannot stop it) kept a finished program from exiting. The
 # service runs its compiles in one daemon thread of its own instead; a compile still
 # running at exit is abandoned, as the worker process's is (Note [One worker per process]).
-class DaemonThread:
-    """One daemon thread running submitted calls in order; each returns a Future."""
+#
+# Note [A thread in torch's C++ at exit is let finish]
+# A daemon thread still inside an ATen call when the interpreter finalizes is ended by
+# CPython when it next takes the GIL: a forced unwind through torch's C++ frames, which
+# calls std::terminate ("terminate called without an active exception", exit status 134,
+# after the program had printed its results). The optimizer step's checker thread
+# (runtime/step_check.py) clones up to the step's whole state right after a step, so a
+# program ending then aborted (benchmarks.memory's GPT row, every run). A thread made
+# with ``finish_at_exit=True`` is stopped when the interpreter begins to exit (before
+# daemon threads are abandoned): queued calls are cancelled and the current one, a
+# bounded stretch of tensor work, is waited for (at most FINISH_AT_EXIT_S).
+FINISH_AT_EXIT_S = 30.0
+_FINISHING: "weakref.WeakSet[DaemonThread]" = weakref.WeakSet()
 
-    def __init__(self, name: str):
+
+def _finish_threads_at_exit() -> None:
+    for t in list(_FINISHING):
+        t.finish()
+
+
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_finish_threads_at_exit)
+else:  # pragma: no cover - every CPython this project supports has it
+    atexit.register(_finish_threads_at_exit)
+
+
+class DaemonThread:
+    """One daemon thread running submitted calls in order; each returns a Future.
+
+    ``finish_at_exit``: stopped, its current call waited for, when the interpreter begins
+    to exit (Note [A thread in torch's C++ at exit is let finish])."""
+
+    def __init__(self, name: str, finish_at_exit: bool = False):
         self._name = name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._pid = -1
+        if finish_at_exit:
+            _FINISHING.add(self)
+
+    def finish(self, timeout: float = FINISH_AT_EXIT_S) -> None:
+        """Cancel queued calls and wait (up to ``timeout``) for the current one to end."""
+        thread = self._thread
+        self.shutdown()
+        if thread is not None and self._pid == os.getpid() and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def is_current(self) -> bool:
         """Whether the caller runs on this thread (a job that submits another)."""
