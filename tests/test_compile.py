@@ -449,3 +449,37 @@ def test_a_compile_that_submits_another_never_waits_on_itself():
             break
         time.sleep(0.02)
     assert inner.state == COMPILED
+
+
+def test_a_program_ending_while_an_in_process_compile_runs_exits_cleanly():
+    """Note [A thread in torch's C++ at exit is let finish]: the compile thread inside
+    torch's C++ when the interpreter finalized aborted the process (status 134 after the
+    program's output); its current compile is let finish at exit."""
+    import subprocess
+    import sys
+    import textwrap
+
+    body = textwrap.dedent("""
+        import threading, torch
+        import adaptive_eager as ae
+        gate, entered = threading.Event(), threading.Event()
+        big = torch.ones(1 << 24)
+        def slow(gm, example_inputs):
+            entered.set()
+            gate.wait(20)
+            for _ in range(40):          # in ATen when the program ends
+                big.clone()
+            return gm
+        x = torch.randn(1 << 16)
+        for _ in range(3):
+            with ae.adaptive_eager(backend=slow, compile_after=1, async_compile=True,
+                                   adaptive_passthrough=False):
+                y = torch.sigmoid((x * 2.0 + 1.0).relu()) * x
+        print(float(y.sum()), flush=True)
+        assert entered.wait(60)
+        gate.set()
+        print("done", flush=True)
+    """)
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "done" in r.stdout, (r.returncode, r.stderr[-2000:])

@@ -86,14 +86,21 @@ def test_a_numpy_view_that_died_before_the_block_costs_nothing():
         assert not exported_input(t, torch._C._storage_id(t))
 
 
-def test_a_resumed_optimizer_state_is_not_taken_for_exported_memory(tmp_path):
+def _resumed_adamw(tmp_path):
+    """A Linear and its AdamW whose state was loaded from a checkpoint (storages
+    ``torch.load`` made: not resizable)."""
     torch.manual_seed(0)
     m = nn.Linear(8, 8)
     opt = torch.optim.AdamW(m.parameters(), lr=0.01, foreach=True)
     m(torch.randn(4, 8)).sum().backward()
     opt.step()
     torch.save(opt.state_dict(), tmp_path / "opt.pt")
-    opt.load_state_dict(torch.load(tmp_path / "opt.pt"))  # storages torch.load made
+    opt.load_state_dict(torch.load(tmp_path / "opt.pt"))
+    return m, opt
+
+
+def test_a_resumed_optimizer_state_is_not_taken_for_exported_memory(tmp_path):
+    m, opt = _resumed_adamw(tmp_path)
     state = opt.state[m.weight]["exp_avg"]
     assert not state.untyped_storage().resizable()
     assert not exported_input(state, torch._C._storage_id(state))
@@ -105,6 +112,30 @@ def test_a_resumed_optimizer_state_is_not_taken_for_exported_memory(tmp_path):
             opt.step()
         m.weight.sum().item()
     assert session.counters().flushes.get("exported_memory", 0) == before
+
+
+def test_a_resumed_state_is_not_taken_for_exported_memory_while_its_step_compiles(tmp_path):
+    # the step's compile holds aliases of the params and state until it finishes
+    # (Note [The runtime's own aliases are not exports]): a slow compile must not make
+    # memory torch.load made look exported (before: two exported_memory flushes a step)
+    gate = threading.Event()
+
+    def slow(gm, example_inputs):
+        gate.wait(20)
+        return gm
+
+    m, opt = _resumed_adamw(tmp_path)
+    try:
+        with mode(backend=slow, async_compile=True):
+            for _ in range(3):
+                opt.zero_grad()
+                m(torch.randn(4, 8)).sum().backward()
+                opt.step()
+            assert session.counters().compiles_in_flight == 1       # still compiling
+            m.weight.sum().item()
+    finally:
+        gate.set()
+    assert session.counters().flushes.get("exported_memory", 0) == 0
 
 
 def test_from_numpy_after_the_first_block_is_exported():

@@ -201,7 +201,60 @@ def _held_elsewhere(storage: Any) -> bool:
     runtime]): not resizable, not shared, and held by more than the entering tensor and
     ``storage`` itself."""
     return not storage.resizable() and storage.nbytes() > 0 and not storage.is_shared() \
-        and _use_count(storage._cdata) > 2
+        and _use_count(storage._cdata) > 2 + _lent_count(storage._cdata)
+
+
+# Note [The runtime's own aliases are not exports]
+# A compiled optimizer step's compile keeps its examples of the params and state as
+# detached aliases (optim_inputs.py: a plain tensor over the same memory, no ``.grad``) until
+# it finishes, seconds later. Each alias holds the storage (its use count), so a storage
+# ``torch.load`` made (not resizable: a run resumed with ``opt.load_state_dict``) looked
+# exported while its step compiled, and every optimizer op on it flushed
+# (``exported_memory``, twice a step; the full suite's order made the resumed-state test
+# in test_faults_corners meet it in CI). Aliases the runtime makes for itself are lent
+# through :func:`lend`, which remembers them (weakly, by storage) when the storage is not
+# resizable, the only case whose use count is read; the count discounts those alive.
+_LENT: dict[int, weakref.WeakSet] = {}
+_LENT_PRUNE_AT = [256]
+
+
+def lend(t: torch.Tensor) -> torch.Tensor:
+    """A detached alias of real tensor ``t`` for the runtime's own use (a compile's
+    example), not taken for an export of ``t``'s memory while it lives
+    (Note [The runtime's own aliases are not exports]).
+
+    >>> w = torch.frombuffer(bytearray(8), dtype=torch.float32)   # not resizable
+    >>> a = lend(w)
+    >>> _held_elsewhere(w.untyped_storage())
+    False
+    """
+    alias = t.detach()
+    storage = _storage_of(alias)
+    if storage is None or storage.resizable():
+        return alias
+    sid = storage._cdata
+    with _LOCK:
+        lent = _LENT.get(sid)
+        if lent is None:
+            lent = _LENT[sid] = weakref.WeakSet()
+            if len(_LENT) > _LENT_PRUNE_AT[0]:
+                for k in [k for k, v in _LENT.items() if not v]:
+                    del _LENT[k]
+                _LENT_PRUNE_AT[0] = max(256, 2 * len(_LENT))
+        lent.add(alias)
+    return alias
+
+
+def _lent_count(sid: int) -> int:
+    lent = _LENT.get(sid)
+    if lent is None:
+        return 0
+    n = len(lent)
+    if not n:
+        with _LOCK:  # all returned: a later storage may get this id
+            if _LENT.get(sid) is lent and not lent:
+                del _LENT[sid]
+    return n
 
 
 def before_export(t: Any) -> None:
@@ -255,5 +308,5 @@ def clear() -> None:
         _EXPORTED.clear()
 
 
-__all__ = ["Exported", "export", "export_storage", "export_array", "is_exported", "exported_input",
+__all__ = ["Exported", "export", "export_storage", "export_array", "is_exported", "exported_input", "lend",
            "before_export", "export_result", "note_export", "clear"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .exported import lend
 from .lazy import LazyTensor
 
 
@@ -39,10 +40,12 @@ from .lazy import LazyTensor
 # captured backward, read by nothing yet) was then flushed from the compile thread: with
 # a synchronous compile that flush waited on the compiler running it, until the 120 s
 # compile timeout (tests/test_faults_dispatch.py's old-style weight decay, 2 minutes).
+# The alias is lent (exported.py's Note [The runtime's own aliases are not exports]): it
+# holds the memory, which must not make memory ``torch.load`` made look exported meanwhile.
 def example(t: torch.Tensor, dropped: bool, device: Any) -> torch.Tensor:
     """A compile example for step input ``t`` (``dropped``: the program may drop it)."""
     if type(t) is not LazyTensor and not dropped:
-        return t.detach()
+        return lend(t)
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device or t.device)
 
 

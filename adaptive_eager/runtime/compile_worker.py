@@ -278,8 +278,9 @@ class _Worker:
             path = os.path.join(self._dir, f"{next(self._jobs)}.bin")
             try:
                 _send(proc.stdin, (payload, path))
-                warm_loader()  # Note [The loader is warmed while the worker compiles]
-                status, detail = _recv(proc.stdout)
+                with abandonable():
+                    warm_loader()  # Note [The loader is warmed while the worker compiles]
+                    status, detail = _recv(proc.stdout)
             except (OSError, EOFError, pickle.UnpicklingError) as e:
                 if self._closed:
                     raise Exiting("interpreter exiting; compile abandoned") from e
@@ -318,6 +319,26 @@ class _Worker:
         awaited (the thread waiting on it sees :class:`Exiting`)."""
         self._closed = True
         self._kill()
+
+
+@contextlib.contextmanager
+def abandonable() -> Iterator[None]:
+    """Mark the calling thread as safe to abandon at exit while in the block: it runs
+    Python (imports) or waits on the worker's pipe, never inside torch's C++, so the exit
+    need not wait for it (compiler.py's Note [A thread in torch's C++ at exit is let
+    finish]; a first compile's loader warm-up takes ~1 s)."""
+    thread = threading.current_thread()
+    thread.adaptive_eager_abandonable = True  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        thread.adaptive_eager_abandonable = False  # type: ignore[attr-defined]
+
+
+def close() -> None:
+    """Kill the worker at interpreter exit (idempotent): a compile waiting on it sees
+    :class:`Exiting` at once."""
+    _WORKER.close()
 
 
 def exiting() -> bool:
@@ -394,6 +415,8 @@ def warm_loader() -> None:
 
     try:
         for name in _LOADER_MODULES:
+            if exiting():  # the compile thread is waited for at exit (compiler.py)
+                return
             importlib.import_module(name)
         from torch._inductor.codecache import torch_key  # noqa: PLC0415
 

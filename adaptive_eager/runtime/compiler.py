@@ -39,7 +39,7 @@ from ..hooks import HOOKS, Patch, rng_setters_skipped, skip_rng_setters_in_this_
 from .windows import transition
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from .compile_worker import ISA_META, ISA_PROBED, THREADS_META, Exiting
-from .compile_worker import exiting as worker_exiting
+from .compile_worker import close as close_worker, exiting as worker_exiting
 from .counters import Counters
 from .layouts import LayoutDisagreement, explains_layout, layout_disagreements
 from .region_store import RegionStore
@@ -117,11 +117,20 @@ def guard_rng_setters() -> None:
 # with ``finish_at_exit=True`` is stopped when the interpreter begins to exit (before
 # daemon threads are abandoned): queued calls are cancelled and the current one, a
 # bounded stretch of tensor work, is waited for (at most FINISH_AT_EXIT_S).
+# The compile thread is one too: a compile run in-process (a backend other than
+# Inductor's worker, the optimizer step's trace, a region loaded from the disk cache)
+# still running at exit aborted the same way (a gated backend released at exit: status
+# 134 in 2 of 4 runs). The worker is closed first, so a compile waiting on the worker
+# process ends at once (Exiting) instead of being waited for, and a thread inside
+# ``compile_worker.abandonable()`` (imports, the pipe wait: Python only) is not waited
+# for; only in-process work is (the first compile's loader warm-up had made a program
+# ending just after queueing it wait ~1 s at exit).
 FINISH_AT_EXIT_S = 30.0
 _FINISHING: "weakref.WeakSet[DaemonThread]" = weakref.WeakSet()
 
 
 def _finish_threads_at_exit() -> None:
+    close_worker()  # Note [One worker per process]: idempotent; its own atexit row runs later
     for t in list(_FINISHING):
         t.finish()
 
@@ -150,7 +159,8 @@ class DaemonThread:
         """Cancel queued calls and wait (up to ``timeout``) for the current one to end."""
         thread = self._thread
         self.shutdown()
-        if thread is not None and self._pid == os.getpid() and thread is not threading.current_thread():
+        if thread is not None and self._pid == os.getpid() and thread is not threading.current_thread() \
+                and not getattr(thread, "adaptive_eager_abandonable", False):  # compile_worker.abandonable
             thread.join(timeout)
 
     def is_current(self) -> bool:
@@ -235,7 +245,7 @@ class CompileService:
     def _executor(self) -> DaemonThread:
         with self._lock:
             if self._pool is None:
-                self._pool = DaemonThread("adaptive_eager-compile")
+                self._pool = DaemonThread("adaptive_eager-compile", finish_at_exit=True)
             return self._pool
 
     def take_fuel(self) -> bool:
