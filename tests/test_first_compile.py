@@ -75,3 +75,46 @@ def test_the_trusted_list_is_a_registry_row_cut_only_on_the_thread_in_the_block(
     assert len(here) == 1 and there == [original()]             # another thread: Inductor's own
     HOOKS.uninstall("vec-isa")
     assert cpu_vec_isa.valid_vec_isa_list is original           # undone: exactly Inductor's
+
+
+@x86
+def test_a_verdict_still_coming_is_waited_for_where_inductor_asks():
+    """Note [The worker's probe runs beside its first compile]: the list waits for the
+    probe's verdict, is the picked ISA alone when it passed, Inductor's own otherwise."""
+    import threading
+
+    from adaptive_eager.runtime.compile_worker import _trusted_after
+
+    from torch._inductor import cpu_vec_isa
+
+    with trusted_vec_isa(True):
+        original = HOOKS.original("torch._inductor.cpu_vec_isa", "valid_vec_isa_list")
+    if not original():
+        pytest.skip("this CPU allows no vector ISA")
+    release = threading.Event()
+    asked: list = []
+
+    def verdict(ok):
+        def wait():
+            asked.append(ok)
+            assert release.wait(30)
+            return ok
+        return wait
+
+    got: list = []
+
+    def compile_like(ok):
+        with _trusted_after(verdict(ok)):
+            got.append([str(i) for i in cpu_vec_isa.valid_vec_isa_list()])
+
+    t = threading.Thread(target=compile_like, args=(True,))
+    t.start()
+    t.join(0.3)
+    assert t.is_alive() and asked == [True] and got == []     # waiting for the probe
+    release.set()
+    t.join(30)
+    assert got == [[str(original()[0])]]                       # passed: the picked ISA alone
+    for failed in (False, None):                               # failed, or no verdict: Inductor's own
+        got.clear()
+        compile_like(failed)
+        assert got == [[str(i) for i in original()]]

@@ -154,8 +154,10 @@ def _trusting_isa_list(original: Callable[[], list]) -> Callable[[], list]:
     from torch._inductor import cpu_vec_isa  # noqa: PLC0415
 
     def valid_vec_isa_list() -> list:
-        if getattr(_TRUSTED, "on", False) and inductor_config.cpp.simdlen is None and \
-                not os.environ.get("ATEN_CPU_CAPABILITY"):
+        on = getattr(_TRUSTED, "on", False)
+        if callable(on):  # Note [The worker's probe runs beside its first compile]
+            on = on() is True
+        if on and inductor_config.cpp.simdlen is None and not os.environ.get("ATEN_CPU_CAPABILITY"):
             flags = cpu_vec_isa.x86_isa_checker()
             first = next((isa for isa in cpu_vec_isa.supported_vec_isa_list
                           if all(flag in flags for flag in str(isa).split())), None)
@@ -192,6 +194,64 @@ def trusted_vec_isa(ok: bool) -> Iterator[None]:
             yield
         finally:
             _TRUSTED.on = before
+
+
+# Note [The worker's probe runs beside its first compile]
+# A fresh worker's first compile ran its steps one after another: import Inductor, probe
+# the picked vector ISA (g++ builds a test library and a subprocess loads it: ~2.6 s of
+# g++ CPU, Note [Only the picked vector ISA is probed]), then trace, lower and generate
+# code, build the kernel. Only code generation needs the verdict (``pick_vec_isa``). So
+# the worker imports what the probe uses (``cpu_vec_isa``, ``cpp_builder``,
+# ``codecache``: two threads importing one package's circular modules at once can fail
+# with a deadlock error, so the probe's thread imports nothing new), starts the probe on
+# a thread of its own (it waits on g++ with the GIL released), and imports the rest of
+# Inductor and traces and lowers the graph meanwhile; ``valid_vec_isa_list`` waits for
+# the verdict where Inductor asks for it. The verdict's own build ran with
+# ``cpp.vec_isa_ok`` unset, so Inductor's cached answer for the picked ISA is the probe's
+# and nothing is built twice; a failed probe leaves Inductor's own list (it probes every
+# ISA, as before). Nothing changes for a worker told the ISA passes (disk cache meta).
+class _ProbeBeside:
+    """``probe_picked_isa()`` on a thread of its own; calling the object waits for it."""
+
+    def __init__(self) -> None:
+        self._verdict: bool | None = None
+        self._done = threading.Event()
+        try:
+            from torch._inductor import codecache, cpp_builder, cpu_vec_isa  # noqa: F401, PLC0415
+            from torch.utils import _filelock  # noqa: F401, PLC0415
+        except Exception:  # noqa: BLE001 - no verdict: Inductor probes as before
+            self._done.set()
+            return
+        threading.Thread(target=self._run, name="adaptive_eager-isa-probe", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self._verdict = probe_picked_isa()
+        except Exception:  # noqa: BLE001 - no verdict: Inductor probes as before
+            self._verdict = None
+        finally:
+            self._done.set()
+
+    def __call__(self) -> bool | None:
+        self._done.wait()
+        return self._verdict
+
+
+@contextlib.contextmanager
+def _trusted_after(verdict: _ProbeBeside) -> Iterator[None]:
+    """Like ``trusted_vec_isa``, with the verdict still coming (see the Note)."""
+    import platform  # noqa: PLC0415
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        yield
+        return
+    HOOKS.install([VEC_ISA_ROW])
+    before = getattr(_TRUSTED, "on", False)
+    _TRUSTED.on = verdict
+    try:
+        yield
+    finally:
+        _TRUSTED.on = before
 
 
 class WorkerUnavailable(RuntimeError):
@@ -265,7 +325,7 @@ class _Worker:
         threads = gm.meta.get(THREADS_META) or torch.get_num_threads()
         isa_ok = bool(gm.meta.get(ISA_META))
         try:
-            payload = pickle.dumps((gm, [_describe(x) for x in example_inputs], threads, isa_ok))
+            payload = pickle.dumps((gm, [_describe(x) for x in example_inputs], threads))
         except WorkerUnavailable:
             raise
         except Exception as e:  # noqa: BLE001 - unpicklable graph: compile in-process
@@ -277,7 +337,7 @@ class _Worker:
             assert self._dir is not None
             path = os.path.join(self._dir, f"{next(self._jobs)}.bin")
             try:
-                _send(proc.stdin, (payload, path))
+                _send(proc.stdin, (payload, path, isa_ok))
                 with abandonable():
                     warm_loader()  # Note [The loader is warmed while the worker compiles]
                     status, detail = _recv(proc.stdout)
@@ -449,15 +509,20 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
     os.dup2(2, 1)  # stray prints from compilers must not corrupt the protocol
     inp = sys.stdin.buffer
     torch.set_num_threads(1)
-    from torch._inductor import standalone_compile  # noqa: PLC0415
 
     while True:
         try:
-            payload, path = _recv(inp)
+            payload, path, isa_ok = _recv(inp)
         except EOFError:
             return
+        # Note [Only the picked vector ISA is probed], probed beside the compile's start
+        # (Note [The worker's probe runs beside its first compile]): before the graph is
+        # unpickled, which imports most of Inductor
+        verdict = None if isa_ok else _ProbeBeside()
         try:
-            gm, described, threads, isa_ok = pickle.loads(payload)
+            from torch._inductor import standalone_compile  # noqa: PLC0415 - beside the probe
+
+            gm, described, threads = pickle.loads(payload)
             example = [_rebuild(d) for d in described]
             # Inductor writes the thread count into its CPU kernels (parallel_num_threads):
             # compile for the program's, not this process's.
@@ -466,10 +531,9 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
             _send(out, ("unavailable", f"worker cannot load the graph: {type(e).__name__}: {e}"))
             continue
         try:
-            # Note [Only the picked vector ISA is probed]
-            picked = None if isa_ok else probe_picked_isa()
-            with torch.no_grad(), trusted_vec_isa(isa_ok or picked is True):
+            with torch.no_grad(), trusted_vec_isa(True) if isa_ok else _trusted_after(verdict):
                 art = standalone_compile(gm, example, dynamic_shapes="from_example_inputs")
+            picked = verdict() if verdict is not None else None
             art.save(path=path, format="binary")
             # told: Inductor's ISA lists now hold what it was told, not what a probe found
             _send(out, ("ok", None if isa_ok else True if picked else isa_probed()))
