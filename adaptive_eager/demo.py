@@ -326,6 +326,7 @@ def record(result: "DemoResult") -> dict:
             "stats": {"regions_compiled": s.regions_compiled, "regions_from_disk": s.regions_from_disk,
                       "compiles_in_flight": s.compiles_in_flight,
                       "compile_latency_max_s": s.compile_latency_max_s,
+                      "compile_latency_first_s": s.compile_latency_first_s,
                       "compiled_calls": s.compiled_calls,
                       "optimizer_steps_compiled": s.optimizer_steps_compiled}}
 
@@ -392,7 +393,8 @@ def summarize(result: DemoResult) -> str:
     if s.regions_compiled or s.compiles_in_flight:
         compiling = (f"  (the adaptive run includes compiling: {s.regions_compiled} ready, "
                      f"{s.compiles_in_flight} in flight at the end")
-        compiling += (f"; ready {s.compile_latency_max_s:.1f} s after queued)"
+        compiling += (f"; the first ready {s.compile_latency_first_s:.1f} s after queued, the "
+                      f"longest {s.compile_latency_max_s:.1f} s)"
                       if s.regions_compiled else ")")
     a_cpu = a.cpu_s + (a.children_cpu_s or 0.0)
     lines.append(f"whole run        eager {e.wall_s:.1f} s wall, {_cpu_text(e)}; adaptive "

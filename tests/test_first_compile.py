@@ -118,3 +118,27 @@ def test_a_verdict_still_coming_is_waited_for_where_inductor_asks():
         got.clear()
         compile_like(failed)
         assert got == [[str(i) for i in original()]]
+
+
+def test_pattern_tables_wait_for_a_graph_they_can_match():
+    """Note [Pattern tables wait for a graph they can match]: a graph without a matrix
+    product or randperm is compiled with Inductor's joint-graph pattern tables unloaded;
+    any other graph loads them as before."""
+    from torch._inductor.fx_passes import joint_graph
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from adaptive_eager.runtime.compile_worker import _may_match_patterns, _patterns_deferred
+
+    x = torch.randn(4, 4)
+    pointwise = make_fx(lambda a: ((a * 2).relu().sum(0), a.sin()))(x)
+    product = make_fx(lambda a: (a @ a,))(x)
+    batched = make_fx(lambda a: (torch.bmm(a[None], a[None]).softmax(-1),))(x)
+    assert not _may_match_patterns(pointwise)
+    assert _may_match_patterns(product) and _may_match_patterns(batched)
+    original = joint_graph.lazy_init
+    with _patterns_deferred(pointwise):
+        assert joint_graph.lazy_init is not original
+        joint_graph.lazy_init(None)                           # loads nothing
+    assert joint_graph.lazy_init is original                  # put back
+    with _patterns_deferred(product):
+        assert joint_graph.lazy_init is original              # loaded as before

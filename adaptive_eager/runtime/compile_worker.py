@@ -254,6 +254,54 @@ def _trusted_after(verdict: _ProbeBeside) -> Iterator[None]:
         _TRUSTED.on = before
 
 
+# Note [Pattern tables wait for a graph they can match]
+# Inductor's joint-graph passes load their pattern tables at the process's first compile
+# (``fx_passes.joint_graph.lazy_init``: the fused-attention patterns, mm padding, randperm
+# indexing; ~1 s of a fresh worker's CPU, 1.46 s of 10 s under cProfile in the demo's first
+# compile, its AdamW step). Every one of those patterns holds a matrix product (``mm``,
+# ``bmm``, ``addmm``) or ``randperm``, so none can match a graph without one, which is
+# what an optimizer step or a pointwise region is: the worker compiles such a graph with
+# the tables left unloaded, and the first graph that has one loads them as before. The
+# artifact is the same either way (no pattern could have matched), and so is Inductor's
+# cache key. Conservative: any call of a module or method, or an anchor below, loads them.
+_PATTERN_ANCHORS = frozenset({"mm", "bmm", "addmm", "baddbmm", "matmul", "randperm", "_softmax",
+                              "softmax", "_safe_softmax", "scaled_dot_product_attention",
+                              "_scaled_dot_product_flash_attention_for_cpu",
+                              "_scaled_dot_product_attention_math"})
+
+
+def _may_match_patterns(gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` holds an op some joint-graph pattern could match (see the Note)."""
+    for node in gm.graph.nodes:
+        if node.op in ("call_module", "call_method"):
+            return True
+        if node.op == "call_function":
+            packet = getattr(node.target, "_overloadpacket", node.target)
+            if getattr(packet, "__name__", None) in _PATTERN_ANCHORS:
+                return True
+    return False
+
+
+@contextlib.contextmanager
+def _patterns_deferred(gm: fx.GraphModule) -> Iterator[None]:
+    """Inside: Inductor's joint-graph pattern tables are not loaded for ``gm`` when no
+    pattern could match it (see the Note)."""
+    try:
+        from torch._inductor.fx_passes import joint_graph  # noqa: PLC0415 - heavy, lazy
+    except Exception:  # noqa: BLE001 - a torch without it: nothing to defer
+        yield
+        return
+    original = joint_graph.lazy_init
+    if _may_match_patterns(gm):
+        yield
+        return
+    joint_graph.lazy_init = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        joint_graph.lazy_init = original
+
+
 class WorkerUnavailable(RuntimeError):
     """The job cannot go to the worker (or the worker failed); compile in-process."""
 
@@ -531,7 +579,8 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
             _send(out, ("unavailable", f"worker cannot load the graph: {type(e).__name__}: {e}"))
             continue
         try:
-            with torch.no_grad(), trusted_vec_isa(True) if isa_ok else _trusted_after(verdict):
+            with torch.no_grad(), trusted_vec_isa(True) if isa_ok else _trusted_after(verdict), \
+                    _patterns_deferred(gm):
                 art = standalone_compile(gm, example, dynamic_shapes="from_example_inputs")
             picked = verdict() if verdict is not None else None
             art.save(path=path, format="binary")

@@ -346,6 +346,8 @@ class CompileService:
         with self.counters.lock:
             if entry.is_region:  # an optimizer step's compile is counted by its class's line
                 self.counters.regions_compiled += 1
+            if not self.counters.compile_latency_s:
+                self.counters.compile_latency_first_s = latency
             self.counters.compile_latency_s += latency
             self.counters.compile_latency_max_s = max(self.counters.compile_latency_max_s, latency)
 

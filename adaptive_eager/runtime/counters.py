@@ -123,6 +123,7 @@ class Counters:
     compared_run_ns: int = 0
     compile_latency_s: float = 0.0      # queued -> ready, summed over finished compiles
     compile_latency_max_s: float = 0.0  # the longest of them
+    compile_latency_first_s: float = 0.0  # the first to finish (the first queued: one worker, in order)
     # Note [Counting while passing through]: what happens while the mode is parked (off
     # the dispatch-mode stack, no Python between ops) is seen only at safe points.
     reads: int = 0                # Python-level reads of tensors seen (observe.py), in any phase
