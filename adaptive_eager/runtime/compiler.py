@@ -124,7 +124,10 @@ def guard_rng_setters() -> None:
 # process ends at once (Exiting) instead of being waited for, and a thread inside
 # ``compile_worker.abandonable()`` (imports, the pipe wait: Python only) is not waited
 # for; only in-process work is (the first compile's loader warm-up had made a program
-# ending just after queueing it wait ~1 s at exit).
+# ending just after queueing it wait ~1 s at exit), and not past the compile's own
+# timeout (``compile_timeout_s``): a compile that never returns, eager-only once timed out,
+# is abandoned as before (Note [Compile threads never block exit]; a hung backend with a
+# 0.5 s timeout had made exit wait the whole FINISH_AT_EXIT_S).
 FINISH_AT_EXIT_S = 30.0
 _FINISHING: "weakref.WeakSet[DaemonThread]" = weakref.WeakSet()
 
@@ -151,14 +154,19 @@ class DaemonThread:
         self._name = name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._deadline: float | None = None  # the current call's (time.monotonic), if any
         self._pid = -1
         if finish_at_exit:
             _FINISHING.add(self)
 
     def finish(self, timeout: float = FINISH_AT_EXIT_S) -> None:
-        """Cancel queued calls and wait (up to ``timeout``) for the current one to end."""
+        """Cancel queued calls and wait (up to ``timeout``, and not past the current call's
+        own deadline) for the current one to end."""
         thread = self._thread
         self.shutdown()
+        deadline = self._deadline
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - time.monotonic()))
         if thread is not None and self._pid == os.getpid() and thread is not threading.current_thread() \
                 and not getattr(thread, "adaptive_eager_abandonable", False):  # compile_worker.abandonable
             thread.join(timeout)
@@ -167,9 +175,11 @@ class DaemonThread:
         """Whether the caller runs on this thread (a job that submits another)."""
         return self._thread is threading.current_thread()
 
-    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+    def submit(self, fn: Callable, *args: Any, deadline: float | None = None) -> cf.Future:
+        """Run ``fn(*args)`` after the calls before it; ``deadline`` (``time.monotonic()``):
+        past it, the call is not waited for at exit."""
         fut: cf.Future = cf.Future()
-        self._jobs.put((fut, fn, args))
+        self._jobs.put((fut, fn, args, deadline))
         if self._thread is None or self._pid != os.getpid():  # none yet, or forked
             self._pid = os.getpid()
             guard_rng_setters()
@@ -184,13 +194,14 @@ class DaemonThread:
             job = self._jobs.get()
             if job is None:
                 return
-            fut, fn, args = job
+            fut, fn, args, self._deadline = job
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
                 fut.set_result(fn(*args))
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits on it
                 fut.set_exception(e)
+            self._deadline = None
             # The job's arguments (a graph and its example inputs: a region's worth of
             # memory) go now, not when the next job replaces them.
             del job, fut, fn, args
@@ -248,6 +259,10 @@ class CompileService:
                 self._pool = DaemonThread("adaptive_eager-compile", finish_at_exit=True)
             return self._pool
 
+    def _deadline(self, entry: RegionEntry) -> float | None:
+        """When ``entry``'s compile times out (None: never): past it, exit does not wait."""
+        return entry.submitted_at + self.timeout_s if self.timeout_s else None
+
     def take_fuel(self) -> bool:
         with self._lock:
             if self.fuel is None:
@@ -285,7 +300,7 @@ class CompileService:
         clog.debug("compile queued: region %s (%d graph nodes, %d in flight)", _short(entry.key),
                    len(getattr(getattr(gm, "graph", None), "nodes", ())), self.counters.compiles_in_flight)
         pool = self._executor()
-        fut = pool.submit(self._compile, entry, gm, example)
+        fut = pool.submit(self._compile, entry, gm, example, deadline=self._deadline(entry))
         # Note [A compile never waits on its own thread]
         # A compile can flush the program's window: a backend's fake-tensor conversion that
         # reads a pending handle (a param's ``.grad`` still in the window) materializes it,
@@ -392,7 +407,7 @@ class CompileService:
             return False
         clog.debug("loading region %s from the disk cache", _short(entry.key))
         pool = self._executor()
-        fut = pool.submit(self._load, entry, key)
+        fut = pool.submit(self._load, entry, key, deadline=self._deadline(entry))
         if not self.async_ and not pool.is_current():  # Note [A compile never waits on its own thread]
             try:
                 fut.result(timeout=self.timeout_s or None)
