@@ -28,6 +28,7 @@ from typing import Iterable
 from ._logging import log
 from ._env import OFF_WORDS, ON_WORDS
 from .reasons import ADVICE, ROUTINE_REASONS, SYNC_OPS, advice_for
+from .runtime import step_usage
 from .runtime.counters import parked_ops_estimate
 from .statistics import Stats
 
@@ -377,6 +378,9 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
         # Note [Optimizer steps at the foreach level] (dispatch/optim.py)
         rows.append(("optimizer steps", f"{_fmt_num(s.optimizer_steps_foreach)} run at the foreach "
                                         "level (torch.optim's multi-tensor path, equal results)"))
+    faults = step_usage.report_line(s.steps_sampled, s.step_faults, s.step_system_s, s.step_wall_s)
+    if faults:  # Note [Page faults between optimizer steps] (runtime/step_usage.py)
+        rows.append(("page faults", faults))
     if s.optimizer_step_kinds:
         # Note [The optimizer step as one compiled unit] (dispatch/optim_compile.py)
         rows.append(("optimizer compiled", f"{_fmt_num(s.optimizer_steps_compiled)} steps ran as one "

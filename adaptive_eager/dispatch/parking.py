@@ -40,6 +40,7 @@ from .optim import restore as restore_foreach
 from .optim import use_foreach
 from .source import user_source
 from ..reasons import R
+from ..runtime import step_usage
 from ..runtime.phases import (ACT_CAPTURE, ACT_PARK, ACT_UNPARK, AT_BLOCK, AT_CALL, AT_MODULE, AT_READ,
                               AT_STEP, At, Moved, SafePoint, WarmupEnded)
 
@@ -381,12 +382,15 @@ class SafePoints:
         while switched:
             _, groups = switched.popitem()
             restore_foreach(groups)
+        self._tls.usage = None  # the next block counts from its own first step end
         if self._tls.stepping:
             self._tls.stepping.clear()
         self._tls.busy = False
 
     def step_ends(self, opt: Any, *_: Any) -> None:
         """The end of an optimizer step."""
+        now = step_usage.sample()  # Note [Page faults between optimizer steps]
+        last, self._tls.usage = getattr(self._tls, "usage", None), now
         stepping = self._stepping()
         stepping.discard(opt)
         self._tls.busy = bool(stepping)
@@ -399,6 +403,8 @@ class SafePoints:
         if not st:
             return
         mode = st[-1][0]
+        if last is not None and now is not None:
+            step_usage.book(mode.counters, last, now)
         if mode._parked and mode.policy.parked_tick(AT_STEP):
             # Note [A parked read costs a counter]: what seen() and safe_point() do here
             counters = mode.counters

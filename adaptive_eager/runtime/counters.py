@@ -124,6 +124,12 @@ class Counters:
     compile_latency_s: float = 0.0      # queued -> ready, summed over finished compiles
     compile_latency_max_s: float = 0.0  # the longest of them
     compile_latency_first_s: float = 0.0  # the first to finish (the first queued: one worker, in order)
+    # Note [Page faults between optimizer steps] (runtime/step_usage.py): the program
+    # thread's usage from one optimizer step end to the next, summed
+    steps_sampled: int = 0
+    step_faults: int = 0
+    step_system_s: float = 0.0
+    step_wall_s: float = 0.0
     # Note [Counting while passing through]: what happens while the mode is parked (off
     # the dispatch-mode stack, no Python between ops) is seen only at safe points.
     reads: int = 0                # Python-level reads of tensors seen (observe.py), in any phase
