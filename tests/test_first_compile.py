@@ -83,7 +83,7 @@ def test_a_verdict_still_coming_is_waited_for_where_inductor_asks():
     probe's verdict, is the picked ISA alone when it passed, Inductor's own otherwise."""
     import threading
 
-    from adaptive_eager.runtime.compile_worker import _trusted_after
+    from adaptive_eager.runtime.compile_worker import _trusting
 
     from torch._inductor import cpu_vec_isa
 
@@ -104,7 +104,7 @@ def test_a_verdict_still_coming_is_waited_for_where_inductor_asks():
     got: list = []
 
     def compile_like(ok):
-        with _trusted_after(verdict(ok)):
+        with _trusting(verdict(ok)):
             got.append([str(i) for i in cpu_vec_isa.valid_vec_isa_list()])
 
     t = threading.Thread(target=compile_like, args=(True,))

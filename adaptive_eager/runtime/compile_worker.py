@@ -177,23 +177,31 @@ def trusted_vec_isa(ok: bool) -> Iterator[None]:
     """Inductor told that every vector ISA the CPU allows works (``ok``), so it does not
     probe them again, and only the picked ISA's own checks run on this thread (Note [Only
     the picked ISA's own checks run]); a ``TORCHINDUCTOR_VEC_ISA_OK`` set by the user wins."""
-    import platform  # noqa: PLC0415
-
     if not ok or _ISA_ENV in os.environ:
         yield
         return
     from torch._inductor import config as inductor_config  # noqa: PLC0415 - heavy, lazy
 
+    with inductor_config.patch({"cpp.vec_isa_ok": True}), _trusting(True):
+        yield
+
+
+@contextlib.contextmanager
+def _trusting(on: bool | Callable[[], bool | None]) -> Iterator[None]:
+    """This thread's list cut to the picked ISA while ``on`` (or, a callable, once the
+    verdict it waits for is True: Note [The worker's probe runs beside its first compile])
+    and the CPU is x86; the registry's row installed there."""
+    import platform  # noqa: PLC0415
+
     x86 = platform.machine() in ("x86_64", "AMD64")
     if x86:
         HOOKS.install([VEC_ISA_ROW])
     before = getattr(_TRUSTED, "on", False)
-    with inductor_config.patch({"cpp.vec_isa_ok": True}):
-        _TRUSTED.on = x86
-        try:
-            yield
-        finally:
-            _TRUSTED.on = before
+    _TRUSTED.on = on if x86 else False
+    try:
+        yield
+    finally:
+        _TRUSTED.on = before
 
 
 # Note [The worker's probe runs beside its first compile]
@@ -235,23 +243,6 @@ class _ProbeBeside:
     def __call__(self) -> bool | None:
         self._done.wait()
         return self._verdict
-
-
-@contextlib.contextmanager
-def _trusted_after(verdict: _ProbeBeside) -> Iterator[None]:
-    """Like ``trusted_vec_isa``, with the verdict still coming (see the Note)."""
-    import platform  # noqa: PLC0415
-
-    if platform.machine() not in ("x86_64", "AMD64"):
-        yield
-        return
-    HOOKS.install([VEC_ISA_ROW])
-    before = getattr(_TRUSTED, "on", False)
-    _TRUSTED.on = verdict
-    try:
-        yield
-    finally:
-        _TRUSTED.on = before
 
 
 # Note [Pattern tables wait for a graph they can match]
@@ -579,7 +570,7 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
             _send(out, ("unavailable", f"worker cannot load the graph: {type(e).__name__}: {e}"))
             continue
         try:
-            with torch.no_grad(), trusted_vec_isa(True) if isa_ok else _trusted_after(verdict), \
+            with torch.no_grad(), trusted_vec_isa(True) if isa_ok else _trusting(verdict), \
                     _patterns_deferred(gm):
                 art = standalone_compile(gm, example, dynamic_shapes="from_example_inputs")
             picked = verdict() if verdict is not None else None
