@@ -389,9 +389,8 @@ def test_the_step_index_finds_a_saved_artifact_only_when_loading_is_cheap(tmp_pa
     """Note [A saved step skips the cost threshold]: a trace notes its artifact's disk key
     under the step's signature; a lookup finds it once the artifact is on disk, for
     another signature not; for Inductor only once an Inductor artifact was loaded in the
-    process (its module in sys.modules)."""
+    process (its module in Inductor's code cache)."""
     import importlib
-    import sys
     import types
 
     from adaptive_eager.dispatch.optim_threshold import note_trace, saved_before
@@ -417,9 +416,9 @@ def test_the_step_index_finds_a_saved_artifact_only_when_loading_is_cheap(tmp_pa
     assert not saved_before(RegionStore(cache, "a backend", "cpu", None), got(4))  # no codec
     inductor = RegionStore(cache, "inductor", "cpu", artifact_codec("inductor", "cpu"))
     assert note_trace(inductor, got(4), "a" * 64)
-    importlib.import_module("torch._inductor.codecache")  # imported by any artifact's load
-    monkeypatch.setitem(sys.modules, "torch._inductor.runtime.compile_tasks.an_artifact",
-                        types.ModuleType("an_artifact"))
+    codecache = importlib.import_module("torch._inductor.codecache")  # imported by any load
+    monkeypatch.setattr(codecache.PyCodeCache, "modules",  # what an artifact's load records
+                        [*codecache.PyCodeCache.modules, types.ModuleType("an_artifact")])
     assert saved_before(inductor, got(4))
 
 

@@ -51,7 +51,7 @@ from .optim_inputs import kernel_threads
 # imported first the first load still cost 0.72-0.96 s of CPU (another ~260-680 modules),
 # a second load in the process 8-10 ms (load average 4.1). So the threshold is skipped
 # only when an Inductor artifact was loaded in the process already (its module is in
-# ``sys.modules``: a program whose regions or another step ran compiled), never to pay
+# Inductor's code cache: a program whose regions or another step ran compiled), never to pay
 # the first load; then an optimizer
 # still under the threshold looks its signature up once, on its second step (the first
 # with state), and on a hit its step is traced now and its artifact loaded. A signature
@@ -78,15 +78,13 @@ def _loads_cheaply(store: RegionStore) -> bool:
     import (Note [A saved step skips the cost threshold])."""
     if store.backend != "inductor":
         return True
-    # a compiled artifact's module: Inductor's loader ran in this process. Its code cache
-    # is imported by the first load (a dict lookup): without it no artifact loaded, and the
-    # scan of every module name (~2,000, 0.8 ms: 3% of the GAN pattern's run, at each
-    # optimizer's second step) is not made
+    # a compiled artifact's module in Inductor's code cache: its loader ran in this
+    # process. ``PyCodeCache.load_by_key_path`` records every module it loads in the
+    # program's process (``in_toplevel_process``), the same loads that put a
+    # ``compile_tasks.<key>`` module in sys.modules, which an earlier version scanned too
+    # (~2,000 names, 0.8 ms: 3% of the GAN pattern's run, at each optimizer's second step)
     codecache = sys.modules.get("torch._inductor.codecache")
-    if codecache is None:
-        return False
-    return bool(getattr(getattr(codecache, "PyCodeCache", None), "modules", None)) or \
-        any(m.startswith("torch._inductor.runtime.compile_tasks.") for m in list(sys.modules))
+    return codecache is not None and bool(getattr(getattr(codecache, "PyCodeCache", None), "modules", None))
 
 
 def saved_before(store: Any, got: Gathered) -> bool:
