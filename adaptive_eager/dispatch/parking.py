@@ -389,8 +389,6 @@ class SafePoints:
 
     def step_ends(self, opt: Any, *_: Any) -> None:
         """The end of an optimizer step."""
-        now = step_usage.sample()  # Note [Page faults between optimizer steps]
-        last, self._tls.usage = getattr(self._tls, "usage", None), now
         stepping = self._stepping()
         stepping.discard(opt)
         self._tls.busy = bool(stepping)
@@ -403,6 +401,10 @@ class SafePoints:
         if not st:
             return
         mode = st[-1][0]
+        # Note [Page faults between optimizer steps]: only inside a block, which counts
+        # from its own first step end (restore_foreach forgets the sample at its exit)
+        now = step_usage.sample()
+        last, self._tls.usage = self._tls.usage, now
         if last is not None and now is not None:
             step_usage.book(mode.counters, last, now)
         if mode._parked and mode.policy.parked_tick(AT_STEP):
@@ -477,6 +479,7 @@ class _StepState(threading.local):
     stepping: "weakref.WeakSet | None" = None
     busy = False
     foreach: "weakref.WeakKeyDictionary | None" = None
+    usage: "tuple | None" = None  # the last step end's step_usage.sample()
 
 
 def _remove_handles(handles: list) -> None:
