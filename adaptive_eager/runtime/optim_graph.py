@@ -523,8 +523,6 @@ def trace_step(opt: torch.optim.Optimizer, got: Gathered) -> StepProgram:
                        tuple(rec.deltas[n] for n in rec.reads), uniform)
 
 
-
-
 # Note [Lerp for a compiler]
 # The lifted weight of ``_foreach_lerp_`` (Adam's ``1 - beta1``) makes it the ``List``
 # overload, which Inductor has no lowering or decomposition for: it ran as a fallback

@@ -179,23 +179,17 @@ def _one_step(e: Any, memo: dict, canon: dict) -> Any:
     if got is not None:
         return got
     kind = e[0]
+    key: Any
     if kind == "s":
-        key: Any = ("s", 0)
+        key = new = ("s", 0)
     elif kind == "h":
-        key = e
+        key = new = e
     elif kind == "c":
-        key = ("c", type(e[1]).__name__, repr(e[1]))
+        key, new = ("c", type(e[1]).__name__, repr(e[1])), e
     else:
-        key = (kind,) + tuple(id(_one_step(a, memo, canon)) for a in e[1:])
-    new = canon.get(key)
-    if new is None:
-        if kind == "s":
-            new = ("s", 0)
-        elif kind in ("h", "c"):
-            new = e
-        else:
-            new = (kind,) + tuple(_one_step(a, memo, canon) for a in e[1:])
-        canon[key] = new
+        new = (kind,) + tuple(_one_step(a, memo, canon) for a in e[1:])
+        key = (kind,) + tuple(map(id, new[1:]))
+    new = canon.setdefault(key, new)
     memo[id(e)] = new
     return new
 
