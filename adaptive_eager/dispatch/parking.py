@@ -354,11 +354,15 @@ class SafePoints:
         # pre-hook switches it to the foreach level only when it runs eagerly (Note [The
         # foreach switch waits for the step's decision])
         steps = _steps()
+        mode = st[-1][0]
         if not steps.attach(opt, self.thread_stack, self.switch_foreach):
             if not nested:
-                steps.not_a_candidate(opt, st[-1][0], args, kwargs or {})  # the report's reason
-            if not st[-1][0]._parked:  # parked: the program's own optimizer, as eager
+                steps.not_a_candidate(opt, mode, args, kwargs or {})  # the report's reason
+            if not mode._parked:  # parked: the program's own optimizer, as eager
                 self.switch_foreach(opt)
+        elif not nested and mode.policy.timing:
+            # Note [Steps compiled on their own are not measured] (runtime/adapt.py)
+            self._tls.owned = (opt, mode.policy.step_mark())
 
     def switch_foreach(self, opt: Any) -> None:
         """Switch ``opt``'s qualifying groups to the foreach level for this step (restored
@@ -383,6 +387,7 @@ class SafePoints:
             _, groups = switched.popitem()
             restore_foreach(groups)
         self._tls.usage = None  # the next block counts from its own first step end
+        self._tls.owned = None
         if self._tls.stepping:
             self._tls.stepping.clear()
         self._tls.busy = False
@@ -401,6 +406,10 @@ class SafePoints:
         if not st:
             return
         mode = st[-1][0]
+        owned = self._tls.owned
+        if owned is not None and owned[0] is opt:
+            self._tls.owned = None
+            mode.policy.step_owned(owned[1])  # Note [Steps compiled on their own are not measured]
         # Note [Page faults between optimizer steps]: only inside a block, which counts
         # from its own first step end (restore_foreach forgets the sample at its exit)
         now = step_usage.sample()
@@ -480,6 +489,9 @@ class _StepState(threading.local):
     busy = False
     foreach: "weakref.WeakKeyDictionary | None" = None
     usage: "tuple | None" = None  # the last step end's step_usage.sample()
+    # (optimizer, mark) of the open candidate step a measure times (Note [Steps compiled
+    # on their own are not measured], runtime/adapt.py)
+    owned: "tuple | None" = None
 
 
 def _remove_handles(handles: list) -> None:

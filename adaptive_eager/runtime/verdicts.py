@@ -105,12 +105,26 @@ RESHAPED_REASON = ("staying eager: {n} windows in a row came back with new shape
 CANNOT_PAY_EVIDENCE_NS = 3_000_000
 CANNOT_PAY_SHARE = 0.5
 
+# Note [Small windows count in part]
+# A window of one to three ops says little about a program (a read between two parts of
+# a big window), so it used not to count towards ``patience`` at all. But a program can
+# be made of nothing else: a training loop whose optimizer step is compiled on its own
+# (dispatch/optim_compile.py) and whose only other ops are a probe read, two selects and
+# an ``.item()``, captured every iteration for ever: SGD-momentum over 100 tensors, each
+# read 351 µs captured against 9 µs eagerly (its 3.2 ms step: 11% of the program). So
+# small windows count in part: every SMALL_WINDOW_OPS of their ops, in windows with
+# nothing worth compiling, count as one window in the streak; a window worth compiling
+# resets both. One or two small windows between big ones that are worth compiling never
+# reach ``patience``.
+SMALL_WINDOW_OPS = 4
+
 
 class Tally:
     """The streaks and sums of the verdicts seen so far (mutable; one per policy)."""
 
     def __init__(self) -> None:
         self.streak = 0  # windows in a row with nothing worth compiling
+        self.small_ops = 0  # Note [Small windows count in part]: their ops not yet counted
         self.novel_streak = 0  # novel windows in a row, reshaped ones RESHAPED_WEIGHT-fold
         self.reshaped_streak = 0  # Note [Growing windows stay eager under forced capture]
         self.novel_run = 0  # novel windows in a row (of 4 ops or more)
@@ -147,12 +161,18 @@ class Tally:
             return False, self._novel(verdict, enabled, novel_patience)
         self.novel_streak = self.reshaped_streak = self.novel_run = 0
         if verdict.worth:
-            self.streak = 0
+            self.streak = self.small_ops = 0
             return True, None
-        if n_ops >= 4:  # one or two ops say nothing about the program
+        if n_ops >= SMALL_WINDOW_OPS:
             self.streak += 1
-            if enabled and self.streak >= patience:
-                return False, f"{self.streak} windows in a row held nothing worth compiling"
+        else:  # Note [Small windows count in part]
+            self.small_ops += n_ops
+            if self.small_ops < SMALL_WINDOW_OPS:
+                return False, None
+            self.small_ops -= SMALL_WINDOW_OPS
+            self.streak += 1
+        if enabled and self.streak >= patience:
+            return False, f"{self.streak} windows in a row held nothing worth compiling"
         return False, None
 
     def _novel(self, verdict: Verdict, enabled: bool, novel_patience: int) -> str | None:
