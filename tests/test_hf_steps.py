@@ -53,8 +53,8 @@ def test_a_step_called_with_no_closure_is_compiled_and_equals_eager():
 
 
 def test_work_flushed_inside_a_step_is_not_charged_to_the_step():
-    """Each step's pending matmuls (tens of ms) run at a flush inside the step (the
-    window is full a few ops into it); the step itself costs a few ms, so over eight steps
+    """Each step's pending matmuls (tens of ms) run at a flush inside the step (at its
+    pre-hook, or where the window is full a few ops into it); the step itself costs a few ms, so over eight steps
     it stays under the 100 ms threshold and is never traced (charged with the matmuls, it
     was past it by the 6th step)."""
     session.clear_sessions()
@@ -74,7 +74,10 @@ def test_work_flushed_inside_a_step_is_not_charged_to_the_step():
             p.grad = (a @ a @ a @ a).sum(0)  # pending until a flush inside the step
             opt.step()
     kinds = _kinds()
-    assert ae.stats().flushes.get("window_full", 0) >= 8, ae.stats().flushes  # in the steps
+    # in the steps: where the window before a step that waits for its compile is flushed
+    # (Note [A step waiting for its compile is not captured]), or at a full window
+    flushes = ae.stats().flushes
+    assert flushes.get("window_full", 0) + flushes.get("optimizer_step", 0) >= 8, flushes
     assert kinds.get(CHEAP) == 8 and "AdamW|signatures" not in kinds, kinds
     assert torch.equal(p.detach(), ref_p.detach())
 

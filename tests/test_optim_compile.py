@@ -369,7 +369,10 @@ def test_a_signature_the_session_compiled_skips_the_threshold():
         gen2 = torch.Generator().manual_seed(4)
         _adamw_steps(opt, qs, 6, gen2)
     kinds = _kinds(O.AdamW)
-    assert kinds.get("saved before: no threshold") == 1, kinds
+    # the skip noted, unless its first step (state creation, run eagerly: Note [A step
+    # waiting for its compile is not captured]) already cost the whole threshold
+    spent = ae.stats().optimizer_steps_compiled - compiled == 5
+    assert kinds.get("saved before: no threshold") == 1 or spent, kinds
     cheap = "eager: cheaper so far than a compile (optimizer_step_after_ms)"
     assert kinds.get(cheap, 0) == first.get(cheap, 0) + 1, (first, kinds)  # its first step only
     assert kinds.get("signatures") == first.get("signatures") == 1, kinds

@@ -71,7 +71,7 @@ def _load_inductor(data: bytes) -> Callable[..., Any]:
 
 
 def _inductor(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
-    from .compile_worker import THREADS_META, WorkerUnavailable, compile_in_worker
+    from .compile_worker import THREADS_META, WorkerUnavailable, checked_config, compile_in_worker
 
     try:
         return compile_in_worker(gm, example_inputs)  # Note [Compile in a subprocess]
@@ -85,7 +85,7 @@ def _inductor(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
     # the count every thread the program starts later inherits (Note [The program's
     # threads are its own], runtime/compiled.py).
     threads = gm.meta.get(THREADS_META) or torch.get_num_threads()
-    with torch.no_grad(), inductor_config.patch({"cpp.threads": threads}):
+    with torch.no_grad(), inductor_config.patch({"cpp.threads": threads}), checked_config(gm):
         return compile_fx(gm, example_inputs)
 
 

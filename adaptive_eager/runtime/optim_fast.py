@@ -87,8 +87,10 @@ def _grad_guard(grads: list) -> Any:
 # changes them is seen). It holds the state tensors it checks (the optimizer's state
 # dict, which it also holds, keeps them alive anyway); a state holding a runtime handle
 # or a non-tensor, or a param that is a handle, makes it unusable (a full gather every
-# step: handles must stay releasable, Note [Releasing bound handles]). A param whose data
-# was swapped in place (``p.data = other``) is not seen: a limitation.
+# step: handles must stay releasable, Note [Releasing bound handles]). Params and state
+# tensors are checked by a tensor guard too: a param whose data was swapped in place (``p.data =
+# other``) keeps its identity, and the compiled step does not check sizes itself (Note [A
+# checked step skips Inductor's size asserts], runtime/compile_worker.py).
 class KnownStep:
     """What the last full gather found for one optimizer (see the module docstring)."""
 
@@ -132,8 +134,16 @@ class KnownStep:
         self.grad_set = frozenset(grad_at)
         self.strides = strides
         self.grad_guard = _grad_guard([p.grad for p, had in zip(self.params, self.present) if had])
+        # Note [A checked step skips Inductor's size asserts] (runtime/compile_worker.py):
+        # the params and state tensors are checked as the grads are (a param's data swapped
+        # for another shape, ``p.data = t``, keeps its identity)
+        held = [t for t in template if t is not None]
+        self.held = held
+        self.held_guard = _grad_guard(held)
+        self.held_specs = [(t.shape, t.stride(), t.dtype, t.device) for t in held]
         if not self.usable:  # hold nothing of a state that may hold handles
             self.state_dicts = self.dicts = self.values = self.template = []
+            self.held, self.held_specs = [], []
         self.steps: list | None = None     # known step values and the counters' versions
         self.versions: list | None = None
 
@@ -179,6 +189,11 @@ class KnownStep:
                 not all(map(_is, map(_layout_of, grads), repeat(torch.strided)))
                 or list(map(_stride_of, grads)) != self.strides):
             return None
+        held = self.held
+        guard = self.held_guard
+        if (guard is None or not guard.check(*held)) and (
+                [(t.shape, t.stride(), t.dtype, t.device) for t in held] != self.held_specs):
+            return None  # Note [A checked step skips Inductor's size asserts]
         inputs = self.template.copy()
         for n, gr in zip(self.grad_at, grads):
             inputs[n] = gr
