@@ -209,13 +209,16 @@ class StepCompiler:
     # the step's own compile waited 25 s behind the region's, the program at 2.2x eager
     # meanwhile. Such a step now runs as eager runs it, its ops passed through (capture
     # suspended from our pre-hook to our post-hook; a step that raises is given back at
-    # the next step or at the block's exit), after the window before it is flushed.
+    # the next step or at the block's exit), after the window before it is flushed, at
+    # the foreach level where that is equal (Note [Optimizer steps at the foreach level]).
     def passes_through(self, opt: Any, mode: Any) -> None:
         """``opt``'s step runs torch's body with capture suspended (see the Note)."""
         if mode._parked:
             return
         if len(mode.recorder):
             mode.flush(R.OPTIMIZER_STEP, user_source())
+        if self.switch_foreach is not None:  # fewer ops (launches, on a device), equal results
+            self.switch_foreach(opt)
         waiting = self._per_thread("waiting")
         if opt not in waiting:
             waiting[opt] = True
