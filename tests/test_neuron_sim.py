@@ -367,9 +367,11 @@ def test_200_tiny_ops_at_100us_enqueue_under_their_device_time():
     µs of the host's time, and synchronize() waits for the rest. The host's time is its
     thread's CPU time (measured 6.2-7.9 ms for the 200, load 5 on the 2-core box: the
     emulator's Python fallback, ~30-40 µs an op); wall time on a loaded machine also holds
-    other processes' turns, which can outlast the device's 20 ms."""
+    other processes' turns, which can outlast the device's 20 ms. On a slower VM
+    (2026-12-02, load ~1) 10.2-10.8 ms, before and after that day's changes alike, and
+    12.4 ms once in CI: the bound is three quarters of the device's time."""
     r = _run_ahead(100.0, 200)
-    assert r["enqueue_cpu_s"] < 0.6 * r["device_s"], r
+    assert r["enqueue_cpu_s"] < 0.75 * r["device_s"], r
     if r["enqueue_s"] < 0.9 * r["device_s"]:  # the host ran ahead: launches were still queued
         assert r["depth"] > 0, r
     assert r["total_s"] >= r["device_s"], r  # synchronize() waited for the rest
