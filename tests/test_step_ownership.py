@@ -7,6 +7,7 @@ checked by a guard instead (Note [A checked step skips Inductor's size asserts])
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -163,6 +164,23 @@ def test_capture_comes_back_after_a_passed_through_step_that_raised(monkeypatch)
                 opt.step()
             assert is_suspended()
         assert not is_suspended()                      # and so does the block's exit
+        with ae.adaptive_eager(backend=slow, async_compile=True, optimizer_step_after_ms=0,
+                               adaptive_passthrough=False):
+            _grads(ps, 4)
+            fail.append(1)
+            with pytest.raises(RuntimeError, match="boom"):
+                opt.step()                             # compiling still (the gate): passes through
+            assert is_suspended()
+            del opt
+            gc.collect()                               # its optimizer is gone...
+            qs, other = _sgd(n=2, seed=1)
+            _grads(qs, 0)
+            fail.clear()
+            other.step()                               # ...another optimizer's step gives it back
+            assert not is_suspended()
+            y = qs[0] * 2
+            assert type(y) is not torch.Tensor         # captured again (a handle)
+        assert not is_suspended()
     finally:
         gate.set()
 

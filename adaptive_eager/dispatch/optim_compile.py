@@ -166,9 +166,9 @@ class StepCompiler:
 
     def give_back(self, opt: Any = None) -> None:
         """Give ``opt`` (None: every optimizer of this thread) its param groups back, and
-        capture back where its step passed through (Note [A step waiting for its compile
-        is not captured])."""
-        self._resume(opt)
+        capture back where any step of this thread passed through and raised (Note [A
+        step waiting for its compile is not captured])."""
+        self._resume()
         d = getattr(self._tls, "groups", None)
         if not d:
             return
@@ -208,8 +208,9 @@ class StepCompiler:
     # enough), one after the other. Measured: SGD-momentum over 100 tensors, 2 threads,
     # the step's own compile waited 25 s behind the region's, the program at 2.2x eager
     # meanwhile. Such a step now runs as eager runs it, its ops passed through (capture
-    # suspended from our pre-hook to our post-hook; a step that raises is given back at
-    # the next step or at the block's exit), after the window before it is flushed, at
+    # suspended from our pre-hook to our post-hook; after a step that raised, capture is
+    # back at the next step of any optimizer or at the block's exit), after the window
+    # before it is flushed, at
     # the foreach level where that is equal (Note [Optimizer steps at the foreach level]).
     def passes_through(self, opt: Any, mode: Any) -> None:
         """``opt``'s step runs torch's body with capture suspended (see the Note)."""
@@ -222,17 +223,25 @@ class StepCompiler:
         waiting = self._per_thread("waiting")
         if opt not in waiting:
             waiting[opt] = True
+            self._tls.held = getattr(self._tls, "held", 0) + 1
             _LAZY_STATE.suspended += 1
 
     def _resume(self, opt: Any = None) -> None:
-        """Capture back after ``opt``'s passed-through step (None: every such step of
-        this thread: one raised)."""
-        d = getattr(self._tls, "waiting", None)
-        if not d:
+        """Capture back after ``opt``'s passed-through step (None: after every such step of
+        this thread, one raised). The suspensions are counted apart from the weak table: an
+        optimizer freed after its step raised must not leave capture suspended."""
+        held = getattr(self._tls, "held", 0)
+        if not held:
             return
-        n = (1 if d.pop(opt, None) else 0) if opt is not None else len(d)
-        if opt is None:
+        d = self._per_thread("waiting")
+        if opt is not None:
+            if d.pop(opt, None) is None:
+                return
+            n = 1
+        else:
             d.clear()
+            n = held
+        self._tls.held = held - n
         _LAZY_STATE.suspended = max(0, _LAZY_STATE.suspended - n)
 
     def not_a_candidate(self, opt: Any, mode: Any, args: tuple, kwargs: dict) -> None:
