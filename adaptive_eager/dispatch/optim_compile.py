@@ -201,13 +201,16 @@ class StepCompiler:
 
     # Note [A step waiting for its compile is not captured]
     # A candidate's step that runs eagerly because its own compile is not worth it yet
-    # (Note [A step compiles once it has cost enough]) or not ready used to be captured
+    # (Note [A step compiles once it has cost enough]), not ready, or being checked (its
+    # first compiled call runs on copies beside eager's step) used to be captured
     # at the foreach level like any other ops, and its window was worth compiling: the
     # compile worker then compiled the same arithmetic twice, first as a region (queued
     # as soon as the window recurred), then as the step (queued once the step had cost
     # enough), one after the other. Measured: SGD-momentum over 100 tensors, 2 threads,
     # the step's own compile waited 25 s behind the region's, the program at 2.2x eager
-    # meanwhile. Such a step now runs as eager runs it, its ops passed through (capture
+    # meanwhile; a step checked against its disk-loaded compiled call became an 8-op
+    # window and then a 61-node region of its own (the demo with kept caches compiled it,
+    # 6.8 s of the worker, parked meanwhile). Such a step now runs as eager runs it, its ops passed through (capture
     # suspended from our pre-hook to our post-hook; after a step that raised, capture is
     # back at the next step of any optimizer or at the block's exit), after the window
     # before it is flushed, at
@@ -264,8 +267,9 @@ class StepCompiler:
         if not mode._parked and self.switch_foreach is not None:
             self.switch_foreach(opt)
 
-    def _step(self, opt: Any, mode: Any, args: tuple, kwargs: dict) -> bool:
-        """Run ``opt``'s step compiled if it can; whether it did."""
+    def _step(self, opt: Any, mode: Any, args: tuple, kwargs: dict) -> bool | str:
+        """Run ``opt``'s step compiled if it can; whether it did (_WAITS: it runs eagerly,
+        passed through, while its compile is pending or checked)."""
         if not mode.options.optimizer_step:
             return False
         cls = type(opt).__name__
@@ -311,8 +315,9 @@ class StepCompiler:
             reason = Why.COMPILING if region.state == COMPILING else f"{Why.FAILED}: {region.reason}"
             _note(counters, cls, "eager: " + reason)
             return _WAITS if region.state == COMPILING else False
-        if not self._run(opt, mode, entry, got, scalars, service, counters, cls):
-            return False
+        ran = self._run(opt, mode, entry, got, scalars, service, counters, cls)
+        if ran is not True:
+            return ran  # False, or _WAITS: its first compiled call is being checked
         known[0].stepped(entry.program.reads, entry.program.deltas, steps, got.inputs)
         return True
 
@@ -523,7 +528,7 @@ class StepCompiler:
         service.submit(region, build)
 
     def _run(self, opt: Any, mode: Any, entry: _Entry, got: Any, scalars: list, service: Any,
-             counters: Any, cls: str) -> bool:
+             counters: Any, cls: str) -> bool | str:
         depth = torch._C._len_torch_dispatch_stack()
         if depth > (0 if mode._parked else 1):
             _note(counters, cls, "eager: " + Why.MODES)
@@ -555,7 +560,7 @@ class StepCompiler:
         rest = list(entry.program.consts) + scalars
         if not entry.checked:
             if mode.options.verify_compiled and self._beside.later(opt, entry, inputs, lambda: len(mode.recorder)):
-                return _note(counters, cls, "eager: " + Why.VERIFYING) or False
+                return _note(counters, cls, "eager: " + Why.VERIFYING) or _WAITS
             entry.checked = True
             if mode.options.verify_compiled:
                 # Note [The optimizer step as one compiled unit]: the first call runs on
@@ -579,6 +584,7 @@ class StepCompiler:
                     self._pending()[opt] = (opt.param_groups,
                                             (entry, service, inputs, copies, mode, exact, called))
                     _note(counters, cls, "eager: " + Why.VERIFYING)
+                    return _WAITS  # eager's step, the one the check compares with
                 return False
         if not self._call(entry, service, inputs + rest, counters, cls):
             return False
