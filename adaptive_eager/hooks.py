@@ -51,7 +51,7 @@ The rows, by group (``what``: where they are declared; when installed; how undon
 | thread-start  | ``threading.Thread.start`` (process.py)    | ``enable()``     | ``disable()``       |
 | vec-isa       | Inductor's ``cpu_vec_isa.``                | first trusted    | ``uninstall()``     |
 |               | ``valid_vec_isa_list`` (runtime/           | ISA block (a     | (tests)             |
-|               | compile_worker.py: the picked ISA alone    | load, a compile) |                     |
+|               | inductor_setup.py: the picked ISA alone    | load, a compile) |                     |
 |               | inside ``trusted_vec_isa``)                |                  |                     |
 | neuron-sim    | storage allocation of the emulated device: | enabling the     | ``uninstall()``     |
 |               | ``_StorageBase.clone``/``.neuron``,        | emulated device  | (tests; the device  |

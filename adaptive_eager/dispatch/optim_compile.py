@@ -41,8 +41,10 @@ from ..runtime.step_check import WROTE_READ_ONLY, BesideCheck, written_inputs
 from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
                                    trace_step)
 from ..reasons import R
-from .lazy import _TLS as _LAZY_STATE, LazyTensor
+from .lazy import LazyTensor
 from .optim import FOREACH_EQUAL
+from .optim_records import _WAITS, MAX_PROGRAMS, Why, _Entry
+from .optim_waiting import WaitingSteps
 from .source import user_source
 
 log = logging.getLogger("adaptive_eager")
@@ -66,44 +68,9 @@ log = logging.getLogger("adaptive_eager")
 # compared with eager's step, run on the real tensors that one time
 # (``verify_compiled``: bitwise for the debugging backends, within the dtype's tolerance
 # for a compiler); a mismatch makes the signature eager-only.
-MAX_PROGRAMS = 4        # traces per signature (guards that fail: another branch of torch's code)
 MAX_SIGNATURES = 64     # signatures kept per session (LRU)
 CANDIDATES = FOREACH_EQUAL
 _PLAIN = (torch.Tensor, torch.nn.Parameter, LazyTensor)
-
-
-# What StepCompiler._step returns for a step that runs eagerly while its own compile is
-# not worth it yet or not ready (Note [A step waiting for its compile is not captured]).
-_WAITS = "waits"
-
-
-class Why:
-    """Why a step ran eagerly (the report's words)."""
-
-    CLOSURE = "a closure (LBFGS-style step)"
-    SUBCLASS = "a subclass of a torch.optim class (it may override step)"
-    CLASS = "class not supported"
-    OPTION = "group option"            # + the option: fused, differentiable, capturable, foreach=False
-    STATE = "state creation (first step)"
-    CHEAP = "cheaper so far than a compile (optimizer_step_after_ms)"
-    COMPILING = "compile not ready"
-    MODES = "another dispatch mode is active"
-    TOO_MANY = f"more than {MAX_PROGRAMS} traces of one signature"
-    STEPS = "step counters not exact integers"
-    VERIFYING = "checking the first compiled call against eager"
-    FAILED = "eager-only"               # + the entry's reason
-
-
-class _Entry:
-    """One trace of a signature: its program and the compile service's entry."""
-
-    __slots__ = ("program", "region", "reason", "checked", "cls", "build", "verdict")
-
-    def __init__(self, cls: str, program: StepProgram | None, region: RegionEntry | None,
-                 reason: str = ""):
-        self.cls, self.program, self.region, self.reason, self.checked = cls, program, region, reason, False
-        self.build: tuple | None = None  # (example inputs, kernel threads, exact) while a load may need a compile
-        self.verdict: Any = None  # the first compiled call's check, beside the program (a Future)
 
 
 def _unwrap(t: torch.Tensor) -> torch.Tensor | None:
@@ -124,6 +91,7 @@ class StepCompiler:
         # optimizer -> (KnownStep, its entry, the compile service it belongs to)
         self._known: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
         self._tls = threading.local()
+        self._waiting = WaitingSteps()  # Note [A step waiting for its compile is not captured]
         self._released: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
         self._threshold = CostThreshold(_PLAIN)  # Note [A step compiles once it has cost enough]
         # Note [The first compiled step is checked beside the program] (runtime/step_check.py)
@@ -153,22 +121,17 @@ class StepCompiler:
             post.move_to_end(handles[1].id, last=False)
         return True
 
-    def _per_thread(self, name: str) -> "weakref.WeakKeyDictionary":
-        """This thread's table ``name`` (optimizer -> what it holds), made on first use."""
-        d = getattr(self._tls, name, None)
-        if d is None:
-            d = weakref.WeakKeyDictionary()
-            setattr(self._tls, name, d)
-        return d
-
     def _pending(self) -> "weakref.WeakKeyDictionary":
-        return self._per_thread("groups")
+        d = getattr(self._tls, "groups", None)
+        if d is None:
+            d = self._tls.groups = weakref.WeakKeyDictionary()
+        return d
 
     def give_back(self, opt: Any = None) -> None:
         """Give ``opt`` (None: every optimizer of this thread) its param groups back, and
         capture back where any step of this thread passed through and raised (Note [A
         step waiting for its compile is not captured])."""
-        self._resume()
+        self._waiting.resume()
         d = getattr(self._tls, "groups", None)
         if not d:
             return
@@ -199,22 +162,7 @@ class StepCompiler:
         elif not ran:
             self.runs_eagerly(opt, mode)
 
-    # Note [A step waiting for its compile is not captured]
-    # A candidate's step that runs eagerly because its own compile is not worth it yet
-    # (Note [A step compiles once it has cost enough]), not ready, or being checked (its
-    # first compiled call runs on copies beside eager's step) used to be captured
-    # at the foreach level like any other ops, and its window was worth compiling: the
-    # compile worker then compiled the same arithmetic twice, first as a region (queued
-    # as soon as the window recurred), then as the step (queued once the step had cost
-    # enough), one after the other. Measured: SGD-momentum over 100 tensors, 2 threads,
-    # the step's own compile waited 25 s behind the region's, the program at 2.2x eager
-    # meanwhile; a step checked against its disk-loaded compiled call became an 8-op
-    # window and then a 61-node region of its own (the demo with kept caches compiled it,
-    # 6.8 s of the worker, parked meanwhile). Such a step now runs as eager runs it, its ops passed through (capture
-    # suspended from our pre-hook to our post-hook; after a step that raised, capture is
-    # back at the next step of any optimizer or at the block's exit), after the window
-    # before it is flushed, at
-    # the foreach level where that is equal (Note [Optimizer steps at the foreach level]).
+    # Note [A step waiting for its compile is not captured] (dispatch/optim_waiting.py)
     def passes_through(self, opt: Any, mode: Any) -> None:
         """``opt``'s step runs torch's body with capture suspended (see the Note)."""
         if mode._parked:
@@ -223,29 +171,7 @@ class StepCompiler:
             mode.flush(R.OPTIMIZER_STEP, user_source())
         if self.switch_foreach is not None:  # fewer ops (launches, on a device), equal results
             self.switch_foreach(opt)
-        waiting = self._per_thread("waiting")
-        if opt not in waiting:
-            waiting[opt] = True
-            self._tls.held = getattr(self._tls, "held", 0) + 1
-            _LAZY_STATE.suspended += 1
-
-    def _resume(self, opt: Any = None) -> None:
-        """Capture back after ``opt``'s passed-through step (None: after every such step of
-        this thread, one raised). The suspensions are counted apart from the weak table: an
-        optimizer freed after its step raised must not leave capture suspended."""
-        held = getattr(self._tls, "held", 0)
-        if not held:
-            return
-        d = self._per_thread("waiting")
-        if opt is not None:
-            if d.pop(opt, None) is None:
-                return
-            n = 1
-        else:
-            d.clear()
-            n = held
-        self._tls.held = held - n
-        _LAZY_STATE.suspended = max(0, _LAZY_STATE.suspended - n)
+        self._waiting.suspend(opt)
 
     def not_a_candidate(self, opt: Any, mode: Any, args: tuple, kwargs: dict) -> None:
         """Note why ``opt`` (a class :meth:`attach` declined) steps eagerly: a closure, a
@@ -388,7 +314,7 @@ class StepCompiler:
 
     def after_step(self, opt: Any) -> None:
         """Our (first) step post-hook: the groups back; a first compiled call checked."""
-        self._resume(opt)  # Note [A step waiting for its compile is not captured]
+        self._waiting.resume(opt)  # Note [A step waiting for its compile is not captured]
         self._threshold.charge(opt)  # Note [A step compiles once it has cost enough]
         self._beside.stepped(opt)  # Note [The copies are made the step before] (runtime/step_check.py)
         held = self._pending().pop(opt, None)

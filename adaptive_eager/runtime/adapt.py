@@ -39,6 +39,7 @@ from typing import Any, Callable
 import torch
 
 from ..fusion.policy import fusible
+from .owned_steps import OWNED_MAX_NS, OwnedSteps
 from .occupancy import DEVICE_BOUND_SHARE, Occupancy, backlog_probe, device_clock, span_cost
 from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, CAPTURE_NS_PER_OP, GROWING_REASON,
                        RESHAPED_REASON, RESHAPED_STREAK, RESHAPED_WEIGHT, Tally, Verdict)
@@ -101,40 +102,9 @@ MEASURE_OPS = 32
 SEED_OPS = 256
 MEASURE_MAX_NS = 10_000_000
 MEASURE_NS_PER_OP = 4 * CAPTURE_NS_PER_OP
-# Note [Steps compiled on their own are not measured]: the time a measure may run on over
-# MEASURE_MAX_NS, for the optimizer steps it left out
-OWNED_MAX_NS = 9 * MEASURE_MAX_NS
-# Note [Launch-bound devices pay sooner]
-# On an accelerator every eager op is a kernel launch with a fixed host cost (Trainium,
-# CUDA; the emulated neuron device busy-waits its modelled latency), and a fused region
-# is one launch for all its ops: fusion saves most of what an op costs there, where on
-# the CPU it saves only memory traffic. So on a device other than the CPU, ops twice a
-# capture's worth are enough. Measured on the README's emulated neuron example (AdamW MLP,
-# 20 µs launches): 56-74 µs an op, which the CPU's threshold (60 µs) parked once in three
-# runs, where fused it makes 6 launches a step instead of 48.
+# Note [Launch-bound devices pay sooner] (runtime/occupancy.py)
 LAUNCH_MEASURE_NS_PER_OP = 2 * CAPTURE_NS_PER_OP
-# Note [Occupancy gates capture]
-# On an asynchronous device (CUDA, Trainium, the emulator with asynchronous launches) the
-# host enqueues a launch and runs ahead; where it reads a value it waits for the device.
-# While the device is the bottleneck (the host waits at its reads), host time spent
-# capturing comes out of that wait: capture is free, and what fusion saves (launches,
-# device time) is what the program waits for. While the host is the bottleneck, capture
-# must pay for itself from host time: the CPU rule, at a device's rate (a fused region
-# replaces the ops' launches, whose host cost is most of an eager op's there:
-# LAUNCH_MEASURE_NS_PER_OP; until 2026-12-02 the CPU's own MEASURE_NS_PER_OP, which
-# parked the neuron-sim row at 50 µs launches: 45 µs an op, 1.01x eager, where fused it
-# runs 2 launches an iteration instead of 61). So a measure on
-# such a device also sums, where each read begins, the device's backlog (how long that
-# read will wait: runtime/occupancy.py; the emulator's clock, CUDA's events) and compares
-# the sum with the host's busy time (its thread's CPU time, which other processes on a
-# loaded machine do not inflate, as wall time would): waits of DEVICE_BOUND_SHARE of
-# waits plus busy time or more are device-bound. Where the device has a clock (the
-# emulator's: runtime/occupancy.py), the measure reads the device time of the launches
-# it saw instead, and capture is free where the device's time exceeds the host's by
-# enough (Note [Fusion saves device time]): the waits alone said "host-bound" of a loop
-# whose device was busier than its host (0.5 ms waited against 5 ms busy, 6.1 ms of
-# device time). The report's phase names the regime and the figures (runtime/occupancy.py,
-# Occupancy). Measured: see README (neuron-sim).
+# Note [Occupancy gates capture]: runtime/occupancy.py.
 
 # Note [Only fusible ops pay for capture]
 # Fusion can only save time inside ops that fuse (fusion.policy.fusible: pointwise,
@@ -266,9 +236,7 @@ class DeferPolicy:
         self._fusible: dict[Any, bool] = {}
         # Note [Steps compiled on their own are not measured]: CPU time and ops inside
         # optimizer steps the step compiler owns, while timing
-        self._owned_ns = 0
-        self._owned_ops = 0
-        self._open_step: tuple | None = None  # the mark of the step open now, if any
+        self.owned = OwnedSteps()
         # Hot-path copy of "phase is SETTLING or MEASURING": the mode times ops that
         # cannot fuse.
         self.timing = False
@@ -396,25 +364,25 @@ class DeferPolicy:
             return True
         # Note [Steps compiled on their own are not measured]: nor their ops (a step still
         # open counts so far: a read inside it, e.g. the first compiled call's check)
-        if self._open_step is not None:
-            self.step_owned(self._open_step)
-            self._open_step = self.step_mark()
-        ops -= self._owned_ops
+        if self.owned.open is not None:
+            self.step_owned(self.owned.open)
+            self.step_mark()
+        ops -= self.owned.ops
         # their time is not the measure's either: a step's compile (the debugging
         # backends compile in the step) or its 29 counter reads must not end the
         # measure with nothing else seen (bounded: OWNED_MAX_NS more at most)
-        in_time = now < self._measure_end_ns + min(self._owned_ns, OWNED_MAX_NS)
+        in_time = now < self._measure_end_ns + min(self.owned.ns, OWNED_MAX_NS)
         if in_time and (ops < MEASURE_OPS or spans == self._measure_spans):
             return True
         # Note [Only fusible ops pay for capture]: time inside ops that cannot fuse is left out
         # Note [Fusion saves device time] (occupancy.py): the larger of host and device time
         regime, free, device_ns = self._regime(ops)
-        host = now - self._measure_ns - self.unfusible_ns - self._owned_ns
+        host = now - self._measure_ns - self.unfusible_ns - self.owned.ns
         per_op = span_cost(host, device_ns) / max(ops, 1)
         apart = (f"; {self.unfusible_ns / 1e6:.1f} ms in ops that cannot fuse left out"
                  if self.unfusible_ns else "")
-        if self._owned_ns:
-            apart += (f"; {self._owned_ns / 1e6:.1f} ms in optimizer steps compiled on their "
+        if self.owned.ns:
+            apart += (f"; {self.owned.ns / 1e6:.1f} ms in optimizer steps compiled on their "
                       f"own left out")
         if device_ns > host:
             apart += "; the device's time, the larger"
@@ -435,46 +403,21 @@ class DeferPolicy:
     def _start_timing(self) -> None:
         self._measure_ns = time.thread_time_ns()
         self.unfusible_ns = self._waited_ns = 0
-        self._owned_ns = self._owned_ops = 0
-        self._open_step = None
+        self.owned.reset()
         self._device_ns = self.device_time() if self.device_time is not None else 0
 
-    # Note [Steps compiled on their own are not measured]
-    # A candidate optimizer's step is the step compiler's (dispatch/optim_compile.py): it
-    # runs as one compiled function once it has cost enough, whatever capture decides,
-    # so capture can gain nothing from its ops. A measure that counted them judged the
-    # program by its optimizer: SGD-momentum over 100 tensors, whose program between
-    # steps is a probe read (two selects and an .item()), measured "5531 µs an op" over
-    # its step's foreach ops and captured, and every read then cost a two-op window's
-    # capture and flush (351 µs against 9 µs eagerly; the step itself 3.2 ms). So the
-    # mechanism marks such a step's start (:meth:`step_mark`) and hands the mark back at
-    # its end (:meth:`step_owned`); while timing, the step's CPU time (less the ops that
-    # cannot fuse inside it, already left out) and its ops are left out of the measure,
-    # and its time does not count against the measure's MEASURE_MAX_NS either (up to
-    # OWNED_MAX_NS more): a debugging backend compiles the step inside it, and AdamW
-    # reads its step counters there, and a measure that ran out of time inside a step had
-    # seen none of the program's other ops (a tiny MLP parked "over 0 ops"). A step that
-    # began before the timing did counts from the timing's start; one still open at a
-    # safe point counts up to it (the first compiled call's check reads inside it).
+    # Note [Steps compiled on their own are not measured] (runtime/owned_steps.py)
     def step_mark(self) -> tuple | None:
         """At a candidate optimizer step's start: a mark for :meth:`step_owned`, or None
         when no measure is timing."""
         if not self.timing:
             return None
-        mark = self._open_step = (time.thread_time_ns(), self.passed, self.unfusible_ns, self._measure_ns)
-        return mark
+        return self.owned.mark(self.passed, self.unfusible_ns, self._measure_ns)
 
     def step_owned(self, mark: tuple | None) -> None:
         """At the step's end: leave its time and ops out of the measure."""
-        if self._open_step is not None:  # ``mark``, or its newer mark (counted up to it)
-            mark, self._open_step = self._open_step, None
-        if mark is None or not self.timing:
-            return
-        t0, passed0, unfusible0, measure0 = mark
-        if measure0 != self._measure_ns:  # the timing (re)started inside the step
-            t0, passed0, unfusible0 = self._measure_ns, self._measure_ops, 0
-        self._owned_ns += max(0, time.thread_time_ns() - t0 - (self.unfusible_ns - unfusible0))
-        self._owned_ops += max(0, self.passed - passed0)
+        self.owned.close(mark, self.timing, self.passed, self.unfusible_ns, self._measure_ns,
+                         self._measure_ops)
 
     def seen(self, read: bool, parked: bool) -> None:
         """``feed(Seen(read, parked))`` without making the event (the hot path)."""

@@ -32,6 +32,40 @@ import torch
 from .verdicts import CAPTURE_NS_PER_OP
 
 
+# Note [Launch-bound devices pay sooner]
+# On an accelerator every eager op is a kernel launch with a fixed host cost (Trainium,
+# CUDA; the emulated neuron device busy-waits its modelled latency), and a fused region
+# is one launch for all its ops: fusion saves most of what an op costs there, where on
+# the CPU it saves only memory traffic. So on a device other than the CPU, ops twice a
+# capture's worth are enough (LAUNCH_MEASURE_NS_PER_OP, runtime/adapt.py). Measured on
+# the README's emulated neuron example (AdamW MLP, 20 µs launches): 56-74 µs an op, which
+# the CPU's threshold (60 µs) parked once in three runs, where fused it makes 6 launches a
+# step instead of 48.
+
+# Note [Occupancy gates capture]
+# On an asynchronous device (CUDA, Trainium, the emulator with asynchronous launches) the
+# host enqueues a launch and runs ahead; where it reads a value it waits for the device.
+# While the device is the bottleneck (the host waits at its reads), host time spent
+# capturing comes out of that wait: capture is free, and what fusion saves (launches,
+# device time) is what the program waits for. While the host is the bottleneck, capture
+# must pay for itself from host time: the CPU rule, at a device's rate (a fused region
+# replaces the ops' launches, whose host cost is most of an eager op's there:
+# LAUNCH_MEASURE_NS_PER_OP; until 2026-12-02 the CPU's own MEASURE_NS_PER_OP, which
+# parked the neuron-sim row at 50 µs launches: 45 µs an op, 1.01x eager, where fused it
+# runs 2 launches an iteration instead of 61). So a measure on
+# such a device also sums, where each read begins, the device's backlog (how long that
+# read will wait: runtime/occupancy.py; the emulator's clock, CUDA's events) and compares
+# the sum with the host's busy time (its thread's CPU time, which other processes on a
+# loaded machine do not inflate, as wall time would): waits of DEVICE_BOUND_SHARE of
+# waits plus busy time or more are device-bound. Where the device has a clock (the
+# emulator's: runtime/occupancy.py), the measure reads the device time of the launches
+# it saw instead, and capture is free where the device's time exceeds the host's by
+# enough (Note [Fusion saves device time]): the waits alone said "host-bound" of a loop
+# whose device was busier than its host (0.5 ms waited against 5 ms busy, 6.1 ms of
+# device time). The report's phase names the regime and the figures (runtime/occupancy.py,
+# Occupancy). Measured: see README (neuron-sim).
+
+
 def backlog_probe(device_type: str) -> Callable[[], int] | None:
     """A function returning the device's backlog in ns (how long a read would wait
     now), for ``device_type``'s asynchronous device, or None."""
@@ -88,7 +122,7 @@ def span_cost(host_ns: int, device_ns: int) -> int:
     return host_ns if device_ns <= host_ns else device_ns
 
 
-# Note [Occupancy gates capture] (runtime/adapt.py) without a device clock: waits of this
+# Note [Occupancy gates capture] (above) without a device clock: waits of this
 # share of waits plus busy time or more are device-bound.
 DEVICE_BOUND_SHARE = 0.25
 # Note [Fusion saves device time]: with a device clock, a measure captures where the
