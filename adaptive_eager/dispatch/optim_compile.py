@@ -169,8 +169,7 @@ class StepCompiler:
             return
         if len(mode.recorder):
             mode.flush(R.OPTIMIZER_STEP, user_source())
-        if self.switch_foreach is not None:  # fewer ops (launches, on a device), equal results
-            self.switch_foreach(opt)
+        self.runs_eagerly(opt, mode)  # at the foreach level: fewer ops (launches), equal results
         self._waiting.suspend(opt)
 
     def not_a_candidate(self, opt: Any, mode: Any, args: tuple, kwargs: dict) -> None:
@@ -447,7 +446,7 @@ class StepCompiler:
             gm = program.gm if exact else lerp_for_compiler(program.gm)
             if threads is not None:
                 gm.meta[THREADS_META] = threads
-            # Note [A checked step skips Inductor's size asserts] (runtime/compile_worker.py)
+            # Note [A checked step skips Inductor's size asserts] (runtime/inductor_setup.py)
             gm.meta[CHECKED_META] = True
             return gm, example
 

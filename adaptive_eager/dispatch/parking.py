@@ -361,7 +361,7 @@ class SafePoints:
             if not mode._parked:  # parked: the program's own optimizer, as eager
                 self.switch_foreach(opt)
         elif not nested and mode.policy.timing:
-            # Note [Steps compiled on their own are not measured] (runtime/adapt.py)
+            # Note [Steps compiled on their own are not measured] (runtime/owned_steps.py)
             self._tls.owned = (opt, mode.policy.step_mark())
 
     def switch_foreach(self, opt: Any) -> None:
@@ -490,7 +490,7 @@ class _StepState(threading.local):
     foreach: "weakref.WeakKeyDictionary | None" = None
     usage: "tuple | None" = None  # the last step end's step_usage.sample()
     # (optimizer, mark) of the open candidate step a measure times (Note [Steps compiled
-    # on their own are not measured], runtime/adapt.py)
+    # on their own are not measured], runtime/owned_steps.py)
     owned: "tuple | None" = None
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .optim_graph import MAX_EXACT_STEP, Gathered
+from .optim_graph import MAX_EXACT_STEP, Gathered, _spec
 
 _is = operator.is_
 _grad_of = operator.attrgetter("grad")
@@ -90,7 +90,7 @@ def _grad_guard(grads: list) -> Any:
 # step: handles must stay releasable, Note [Releasing bound handles]). Params and state
 # tensors are checked by a tensor guard too: a param whose data was swapped in place (``p.data =
 # other``) keeps its identity, and the compiled step does not check sizes itself (Note [A
-# checked step skips Inductor's size asserts], runtime/compile_worker.py).
+# checked step skips Inductor's size asserts], runtime/inductor_setup.py).
 class KnownStep:
     """What the last full gather found for one optimizer (see the module docstring)."""
 
@@ -134,13 +134,13 @@ class KnownStep:
         self.grad_set = frozenset(grad_at)
         self.strides = strides
         self.grad_guard = _grad_guard([p.grad for p, had in zip(self.params, self.present) if had])
-        # Note [A checked step skips Inductor's size asserts] (runtime/compile_worker.py):
+        # Note [A checked step skips Inductor's size asserts] (runtime/inductor_setup.py):
         # the params and state tensors are checked as the grads are (a param's data swapped
         # for another shape, ``p.data = t``, keeps its identity)
         held = [t for t in template if t is not None]
         self.held = held
         self.held_guard = _grad_guard(held)
-        self.held_specs = [(t.shape, t.stride(), t.dtype, t.device) for t in held]
+        self.held_specs = list(map(_spec, held))
         if not self.usable:  # hold nothing of a state that may hold handles
             self.state_dicts = self.dicts = self.values = self.template = []
             self.held, self.held_specs = [], []
@@ -192,7 +192,7 @@ class KnownStep:
         held = self.held
         guard = self.held_guard
         if (guard is None or not guard.check(*held)) and (
-                [(t.shape, t.stride(), t.dtype, t.device) for t in held] != self.held_specs):
+                list(map(_spec, held)) != self.held_specs):
             return None  # Note [A checked step skips Inductor's size asserts]
         inputs = self.template.copy()
         for n, gr in zip(self.grad_at, grads):

@@ -135,7 +135,7 @@ def environment() -> str:
 # allow: it compiles a test library per ISA (once per machine: 9.7 s cold on this 2-core
 # machine) and loads each in a fresh Python subprocess (every process: 15 subprocesses,
 # 1.4-3.4 s, measured in CompiledArtifact.load). When a process saw the ISA Inductor picks
-# pass its probe (Note [Only the picked vector ISA is probed], compile_worker.py; every
+# pass its probe (Note [Only the picked vector ISA is probed], inductor_setup.py; every
 # allowed ISA, when Inductor probed them all), it records so in the disk cache (keyed by
 # environment(): CPU flags, torch, compiler), and later processes, the compile worker and
 # the loads here, tell Inductor so (``cpp.vec_isa_ok``), which then picks the same ISA
