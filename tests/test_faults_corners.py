@@ -275,7 +275,7 @@ def test_stats_and_json_carry_the_parked_op_estimate_the_report_shows():
     from test_report import _parked_report
 
     s, text = _parked_report(40)
-    assert s.optimizer_steps_parked >= 30                 # the run parked
+    assert s.optimizer_steps_parked >= 20                 # the run parked (test_report.py)
     assert s.ops_parked_estimate is not None and s.ops_parked_estimate > 0
     assert f"while parked: ~{s.ops_parked_estimate:,}, {s.ops_parked_estimate_how}" in text
     data = json.loads(s.to_json())

@@ -73,6 +73,50 @@ def test_cheap_ops_park_and_a_probe_measures_again(monkeypatch):
     assert phases[:4] == [Phase.WARMING, Phase.SETTLING, Phase.MEASURING, Phase.PASSING]
 
 
+def test_a_measure_that_saw_no_op_starts_again_then_parks_saying_so(monkeypatch):
+    """Note [A measure that saw no op judges nothing]: time runs out with no op of the
+    program's own passed; the measure starts again (EMPTY_MEASURES times), then parks
+    with a reason that claims no per-op figure."""
+    monkeypatch.setattr(adapt, "MEASURE_OPS", 1)
+    monkeypatch.setattr(adapt, "MEASURE_MAX_NS", 0)  # every measure's time is out at once
+    p = DeferPolicy(warmup=True, measure=True)
+    phases = _recording(p)
+    p.feed(WarmupEnded("optimizer step"))
+    p.feed(Moved(False, 0, read=False))
+    acts = [p.feed(SafePoint(At.STEP, parked=False)) for _ in range(adapt.EMPTY_MEASURES + 2)]
+    assert acts[-1] is Act.PARK and Act.PARK not in acts[:-1], acts
+    assert phases == [Phase.WARMING, Phase.SETTLING, Phase.MEASURING, Phase.PASSING]
+    assert "nothing to capture" in p.reason and "µs each" not in p.reason, p.reason
+    # a probe's measure that sees ops judges them, as before
+    p.feed(Moved(True, 0))
+    p._capture_or_measure("probe")
+    p.feed(SafePoint(At.STEP, parked=False))  # settles
+    p.passed += 5
+    p.feed(SafePoint(At.STEP, parked=False))
+    assert "µs each" in (p.reason or p._decided), (p.reason, p._decided)
+
+
+def test_a_step_open_when_timing_starts_is_left_out_of_the_measure():
+    """Note [Steps compiled on their own are not measured]: the settling span can end at
+    a read inside a candidate's step (AdamW's counters); the timing then starts inside
+    the step, which stays open and is left out from there."""
+    import time
+
+    p = DeferPolicy(warmup=True, measure=True)
+    p.feed(WarmupEnded("optimizer step"))
+    p.feed(Moved(False, 0, read=False))
+    mark = p.step_mark()  # the step starts while settling
+    assert mark is not None and p.phase is Phase.SETTLING
+    p._measure_end_ns = 0  # the settling's time is out: the next safe point times
+    assert p.feed(SafePoint(At.READ, parked=False, in_step=True)) is not Act.PARK
+    assert p.phase is Phase.MEASURING and p.owned.open is not None
+    end = time.thread_time_ns() + 3_000_000
+    while time.thread_time_ns() < end:  # the step's own work
+        pass
+    p.step_owned(mark)
+    assert p.owned.ns >= 3_000_000 and p.owned.open is None
+
+
 def test_no_move_outside_the_table():
     off = DeferPolicy.never()
     off.feed(Verdict(50, worth=True))
@@ -163,12 +207,15 @@ def test_an_lstm_lm_parks():
             mode = session.current_mode()
             for _ in range(14):
                 lm_step()
-            got.append((mode._parked, mode.policy.reason or mode.policy._decided,
-                        mode.policy._threshold()))
+            got.append((mode._parked, mode.policy._threshold()))
         return ae.stats()
 
     s = _one_thread(run)
-    parked, decision, threshold = got[0]
+    parked, threshold = got[0]
+    # the measure's decision, from the report's phases: a later one (windows that did not
+    # pay) may follow a decision to capture
+    decision = next((why for _, *_, why in (s.phases[k] for k in sorted(s.phases))
+                     if "µs each" in why), "")
     # The measure's figures, in its own words: "ops took P µs each (... N ops ...; M ms in
     # ops that cannot fuse left out)": the rnn kernels' time was left out of the figure.
     m = re.search(r"took ([0-9.]+) µs each \((?:measured )?over (\d+) ops.*?; ([0-9.]+) ms in ops "
@@ -181,8 +228,8 @@ def test_an_lstm_lm_parks():
     if per_op_us * 1e3 < threshold:
         assert parked and s.ops_captured == 0, (decision, s.ops_captured)
         assert "capture cannot pay" in decision, decision
-    else:
-        assert not parked and "worth capturing" in decision, decision
+    else:  # (a VM twice as slow, 2026-12-02: 67-92 µs) it captured, and may park later
+        assert "worth capturing" in decision and s.ops_captured > 0, decision
 
 
 def test_a_pointwise_heavy_loop_still_captures():

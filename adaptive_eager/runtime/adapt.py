@@ -101,6 +101,17 @@ MEASURE_OPS = 32
 # LSTMCell sequence) would otherwise seed all of them, 27 ms on a 165 ms program.
 SEED_OPS = 256
 MEASURE_MAX_NS = 10_000_000
+
+# Note [A measure that saw no op judges nothing]
+# A measure whose time ran out before any op of the program's own passed (all of it
+# inside optimizer steps left out, Note [Steps compiled on their own are not measured],
+# past their OWNED_MAX_NS allowance, or safe points with nothing between them) has no
+# figure: its "time per op" was the whole time over one op, and it parked a training
+# loop as "10127 µs each (measured over 0 ops passed through): less than capturing one
+# costs", which is neither measured nor true. So it starts its timing again, up to
+# EMPTY_MEASURES times; a program that still shows no op of its own between those steps
+# has nothing to capture, and the policy parks saying so.
+EMPTY_MEASURES = 3
 MEASURE_NS_PER_OP = 4 * CAPTURE_NS_PER_OP
 # Note [Launch-bound devices pay sooner] (runtime/occupancy.py)
 LAUNCH_MEASURE_NS_PER_OP = 2 * CAPTURE_NS_PER_OP
@@ -229,6 +240,7 @@ class DeferPolicy:
         self._measure_end_ns = 0
         self._measure_ops = 0
         self._measure_spans = 0
+        self._empty_measures = 0  # Note [A measure that saw no op judges nothing]
         self._decided = ""  # why capture was decided (SEEDING), the next CAPTURING's why
         # Note [Only fusible ops pay for capture]: CPU time inside ops that cannot fuse
         # while timing (the mode adds to it), and which ops can (memo by overload)
@@ -357,7 +369,7 @@ class DeferPolicy:
             # a span longer than the measure's time, from here on: Note [Only fusible
             # ops pay for capture])
             self._move(_MEASURING)
-            self._start_timing()
+            self._start_timing(keep_open=True)
             self._measure_ops, self._measure_spans = self.passed, spans
             if not in_time:
                 self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS
@@ -373,6 +385,13 @@ class DeferPolicy:
         # measure with nothing else seen (bounded: OWNED_MAX_NS more at most)
         in_time = now < self._measure_end_ns + min(self.owned.ns, OWNED_MAX_NS)
         if in_time and (ops < MEASURE_OPS or spans == self._measure_spans):
+            return True
+        if ops <= 0 and self._empty_measures < EMPTY_MEASURES:
+            # Note [A measure that saw no op judges nothing]
+            self._empty_measures += 1
+            self._start_timing(keep_open=True)
+            self._measure_ops, self._measure_spans = self.passed, spans
+            self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS
             return True
         # Note [Only fusible ops pay for capture]: time inside ops that cannot fuse is left out
         # Note [Fusion saves device time] (occupancy.py): the larger of host and device time
@@ -396,14 +415,18 @@ class DeferPolicy:
             self._measure_end_ns = now + MEASURE_MAX_NS
             self._move(_SEEDING)
             return True
+        if ops <= 0:
+            self._stop(f"no op passed through in {EMPTY_MEASURES + 1} measures but inside "
+                       f"optimizer steps compiled on their own{apart}: nothing to capture")
+            return False
         self._stop(f"{regime}ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through{apart}): "
                    f"less than capturing one costs, so capture cannot pay")
         return False
 
-    def _start_timing(self) -> None:
+    def _start_timing(self, keep_open: bool = False) -> None:
         self._measure_ns = time.thread_time_ns()
         self.unfusible_ns = self._waited_ns = 0
-        self.owned.reset()
+        self.owned.reset(keep_open)
         self._device_ns = self.device_time() if self.device_time is not None else 0
 
     # Note [Steps compiled on their own are not measured] (runtime/owned_steps.py)
@@ -492,6 +515,7 @@ class DeferPolicy:
             self._move(_CAPTURING, why)
             return
         self._start_timing()
+        self._empty_measures = 0
         self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS  # settling included
         self._measure_ops = self.passed
         self._measure_spans = self._span_count()
@@ -594,7 +618,7 @@ class DeferPolicy:
 
 __all__ = [
     "RESHAPED_WEIGHT", "RESHAPED_STREAK", "GROWING_REASON", "RESHAPED_REASON", "CANNOT_PAY_EVIDENCE_NS", "CANNOT_PAY_SHARE", "PROBE_SHARE", "MEASURE_OPS",
-    "SEED_OPS", "MEASURE_MAX_NS", "MEASURE_NS_PER_OP", "LAUNCH_MEASURE_NS_PER_OP", "DEVICE_BOUND_SHARE", "WARMUP_REASON",
+    "SEED_OPS", "MEASURE_MAX_NS", "EMPTY_MEASURES", "MEASURE_NS_PER_OP", "LAUNCH_MEASURE_NS_PER_OP", "DEVICE_BOUND_SHARE", "WARMUP_REASON",
     "WAITING_REASON", "SAFE_POINT_WEIGHT", "READ_WEIGHT", "MODULE_CALL_WEIGHT", "DeferPolicy", "Verdict",
     "Phase", "Act", "At", "SafePoint", "Seen", "Moved", "WarmupEnded",
 ]

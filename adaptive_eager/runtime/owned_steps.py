@@ -34,7 +34,12 @@ OWNED_MAX_NS = 90_000_000
 # reads its step counters there, and a measure that ran out of time inside a step had
 # seen none of the program's other ops (a tiny MLP parked "over 0 ops"). A step that
 # began before the timing did counts from the timing's start; one still open at a
-# safe point counts up to it (the first compiled call's check reads inside it).
+# safe point counts up to it (the first compiled call's check reads inside it). That
+# holds when the timing starts inside the step: AdamW's counter reads are safe points
+# where the measure's settling span can end, and its timing then began with the step
+# forgotten: on a slower VM (settling past MEASURE_MAX_NS at the second step) the
+# step's eager run and compile (~10 ms) were the whole measure, which judged "10127 µs
+# each (measured over 0 ops)" and parked a training loop (tests/test_warmup.py).
 
 
 class OwnedSteps:
@@ -46,10 +51,12 @@ class OwnedSteps:
         self.ops = 0
         self.open: tuple | None = None
 
-    def reset(self) -> None:
-        """A new measure's timing starts."""
+    def reset(self, keep_open: bool = False) -> None:
+        """A new measure's timing starts; ``keep_open``: a step open now stays open (the
+        timing starts inside it, :meth:`close` counts it from there)."""
         self.ns = self.ops = 0
-        self.open = None
+        if not keep_open:
+            self.open = None
 
     def mark(self, passed: int, unfusible_ns: int, measure_ns: int) -> tuple:
         """A step starts (or an open one is counted up to now): its mark."""
