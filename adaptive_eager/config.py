@@ -217,8 +217,9 @@ def _registered_backends() -> tuple[str, ...]:
     """The built-ins and every name given to ``runtime.register_backend`` so far."""
     import sys  # noqa: PLC0415
 
-    backends = sys.modules.get("adaptive_eager.runtime.backends")  # registered: imported
-    return tuple(backends.backend_names()) if backends is not None else BUILTIN_BACKENDS
+    # registered: imported (and not still importing in another thread)
+    names = getattr(sys.modules.get("adaptive_eager.runtime.backends"), "backend_names", None)
+    return tuple(names()) if names is not None else BUILTIN_BACKENDS
 
 
 def _parse_backend(name: str, value: Any, origin: str) -> Any:

@@ -251,12 +251,17 @@ def end_warmup(mode: Any, why: str, source: str | None) -> None:
 # before that, no optimizer can have param groups to give back.
 def _steps(load: bool = True) -> Any:
     """The process's step compiler (``optim_compile.STEPS``); None if ``load`` is False
-    and it was never imported (Note [The step compiler is imported at the first step])."""
-    module = sys.modules.get(__package__ + ".optim_compile")
-    if module is None:
-        if not load:
-            return None
-        from . import optim_compile as module  # noqa: PLC0415
+    and it was never imported (Note [The step compiler is imported at the first step]).
+
+    A module in sys.modules may still be importing in another thread (two threads at
+    their first optimizer step): without STEPS yet, it has been given no optimizer, so
+    ``load=False`` answers None, and the import statement waits for the other thread's
+    import to end (two threads training at once raised "partially initialized module
+    ... has no attribute 'STEPS'" at their first step, 3 runs of 6)."""
+    steps = getattr(sys.modules.get(__package__ + ".optim_compile"), "STEPS", None)
+    if steps is not None or not load:
+        return steps
+    from . import optim_compile as module  # noqa: PLC0415 - waits for an import in progress
     return module.STEPS
 
 
