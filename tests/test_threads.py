@@ -142,3 +142,128 @@ def test_thread_started_after_enable_runs_under_runtime():
     finally:
         disable()
     assert seen == {"lazy": True, "value": [5.0, 5.0]}
+
+
+# -- the runtime's own threads end when idle (Note [An idle thread ends]) -----------------
+def _wait_until(cond, timeout: float = 10.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_an_idle_runtime_thread_ends_and_the_next_call_starts_another():
+    from adaptive_eager.runtime.compiler import DaemonThread
+
+    t = DaemonThread("ae-test-idle", idle_s=0.05)
+    first = t.submit(threading.current_thread)
+    ran_on = first.result(timeout=JOIN_S)
+    assert ran_on is not threading.current_thread() and ran_on.name == "ae-test-idle"
+    assert _wait_until(lambda: not ran_on.is_alive()), "the idle thread did not end"
+    again = t.submit(threading.current_thread).result(timeout=JOIN_S)
+    assert again is not ran_on and again.is_alive()
+
+
+def test_calls_submitted_as_the_thread_goes_idle_all_run():
+    """The start and the idle exit take one lock: a call put while the thread decides
+    to end is never left without a thread to run it."""
+    import time
+
+    from adaptive_eager.runtime.compiler import DaemonThread
+
+    t = DaemonThread("ae-test-race", idle_s=0.002)
+    done = []
+    for i in range(300):
+        fut = t.submit(done.append, i)
+        if i % 3 == 0:
+            time.sleep(0.002 + (i % 7) * 0.0005)  # around the idle timeout
+        elif i % 3 == 1:
+            fut.result(timeout=JOIN_S)
+    t.submit(lambda: None).result(timeout=JOIN_S)
+    assert done == list(range(300))
+
+
+def test_dropped_sessions_leave_no_compile_thread_behind(monkeypatch):
+    """Before: each session dropped (clear_sessions, eviction) left its compile thread
+    blocked on an empty queue for the life of the process (~260 in the test suite)."""
+    from adaptive_eager.runtime import compiler
+
+    from helpers import OPTIONS
+
+    monkeypatch.setattr(compiler, "IDLE_EXIT_S", 0.05)
+
+    def compile_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "adaptive_eager-compile"]
+
+    before = set(compile_threads())
+    x = torch.randn(1 << 16)
+    for i in range(4):  # four sessions (options differ), each compiling a region
+        with ae.adaptive_eager(**OPTIONS, compile_after=1, window_size=64 + i):
+            for _ in range(3):
+                y = torch.sigmoid((x * 2.0 + 1.0).relu()) * x
+                y.sum().item()
+        session.clear_sessions()
+    assert ae.stats().regions_compiled >= 4, ae.stats()
+    assert _wait_until(lambda: not (set(compile_threads()) - before)), compile_threads()
+
+
+# -- two threads at their first optimizer step import the step compiler at once -----------
+def test_a_step_compiler_still_importing_elsewhere_is_not_read():
+    """parking._steps: a module in sys.modules without STEPS is another thread's import
+    in progress; it holds no optimizer yet, so the step's start finds none to give back."""
+    import sys
+    import types
+
+    from adaptive_eager.dispatch import parking
+
+    name = "adaptive_eager.dispatch.optim_compile"
+    partial = types.ModuleType(name)  # what a thread sees while another imports it
+    saved = sys.modules.get(name)
+    sys.modules[name] = partial
+    try:
+        assert parking._steps(load=False) is None
+    finally:
+        if saved is None:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = saved
+
+
+def test_two_threads_reaching_their_first_step_together_in_a_fresh_process():
+    """Two threads training under the runtime in a fresh interpreter: the first step of
+    each imports the step compiler; one thread read it half imported ("partially
+    initialized module ... has no attribute 'STEPS'") in 3 runs of 6 before the fix."""
+    import subprocess
+    import sys
+    import textwrap
+
+    body = textwrap.dedent("""
+        import threading, torch
+        import adaptive_eager as ae
+        barrier = threading.Barrier(2)
+        errors = []
+        def train(seed):
+            try:
+                torch.manual_seed(seed)
+                m = torch.nn.Linear(8, 1)
+                opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+                with ae.adaptive_eager(backend="eager"):
+                    loss = m(torch.ones(4, 8)).square().mean()
+                    loss.backward()
+                    barrier.wait(timeout=60)
+                    opt.step()
+                    opt.step()
+            except BaseException as e:
+                errors.append(repr(e))
+        ts = [threading.Thread(target=train, args=(i,)) for i in range(2)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+        print("errors", errors, flush=True)
+    """)
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "errors []" in r.stdout, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])

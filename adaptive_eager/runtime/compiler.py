@@ -129,6 +129,17 @@ def guard_rng_setters() -> None:
 # is abandoned as before (Note [Compile threads never block exit]; a hung backend with a
 # 0.5 s timeout had made exit wait the whole FINISH_AT_EXIT_S).
 FINISH_AT_EXIT_S = 30.0
+
+# Note [An idle thread ends]
+# A DaemonThread's thread waited for its next job forever, and the target (a bound
+# method) kept the DaemonThread alive with it: every session dropped (evicted past
+# _MAX_SESSIONS, session.clear_sessions(), which the benchmarks call between runs) left
+# its compile thread and its checker thread behind, blocked on an empty queue. The test
+# suite ended with ~260 such threads in one process. So a thread with nothing to do for
+# IDLE_EXIT_S ends, and the next submit starts a new one (~0.1 ms, once per idle spell).
+# The start and the idle exit take one lock, so a job put while the thread decides to
+# end is never left without a thread.
+IDLE_EXIT_S = 30.0
 _FINISHING: "weakref.WeakSet[DaemonThread]" = weakref.WeakSet()
 
 
@@ -150,10 +161,12 @@ class DaemonThread:
     ``finish_at_exit``: stopped, its current call waited for, when the interpreter begins
     to exit (Note [A thread in torch's C++ at exit is let finish])."""
 
-    def __init__(self, name: str, finish_at_exit: bool = False):
+    def __init__(self, name: str, finish_at_exit: bool = False, idle_s: float | None = None):
         self._name = name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._idle_s = IDLE_EXIT_S if idle_s is None else idle_s
+        self._started = threading.Lock()  # the thread's start and its idle exit
         self._deadline: float | None = None  # the current call's (time.monotonic), if any
         self._pid = -1
         if finish_at_exit:
@@ -179,19 +192,34 @@ class DaemonThread:
         """Run ``fn(*args)`` after the calls before it; ``deadline`` (``time.monotonic()``):
         past it, the call is not waited for at exit."""
         fut: cf.Future = cf.Future()
-        self._jobs.put((fut, fn, args, deadline))
-        if self._thread is None or self._pid != os.getpid():  # none yet, or forked
-            self._pid = os.getpid()
-            guard_rng_setters()
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.adaptive_eager_exempt = True  # type: ignore[attr-defined]
-            self._thread.start()
+        if self._pid != os.getpid() and self._pid != -1:  # forked: the parent's thread may
+            self._started = threading.Lock()              # have held the lock at the fork
+        with self._started:
+            self._jobs.put((fut, fn, args, deadline))
+            if self._thread is None or self._pid != os.getpid():  # none, idle, or forked
+                self._pid = os.getpid()
+                guard_rng_setters()
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.adaptive_eager_exempt = True  # type: ignore[attr-defined]
+                self._thread.start()
         return fut
+
+    def _next(self) -> Any:
+        """The next job; None when told to stop or idle for ``idle_s`` (Note [An idle
+        thread ends])."""
+        while True:
+            try:
+                return self._jobs.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._started:
+                    if self._jobs.empty() and self._thread is threading.current_thread():
+                        self._thread = None
+                        return None
 
     def _run(self) -> None:
         skip_rng_setters_in_this_thread()  # Note [Compiles never rewind the program's random stream]
         while True:
-            job = self._jobs.get()
+            job = self._next()
             if job is None:
                 return
             fut, fn, args, self._deadline = job
