@@ -41,12 +41,48 @@ def test_a_measure_moves_warming_settling_measuring_seeding_capturing(monkeypatc
     assert p.feed(WarmupEnded("observe:item")) and p.measuring
     assert p.feed(SafePoint(At.READ, parked=True)) is Act.UNPARK
     p.feed(Moved(False, 0, read=True))
-    for _ in range(3):  # three reads on the stack: a span settles, one is timed, one seeds
+    # four reads on the stack: a span settles, two are timed (Note [Noise only adds:
+    # capture is measured twice]), one seeds
+    for _ in range(4):
         p.passed += 5
         p.feed(Seen(True, parked=False))
         assert p.feed(SafePoint(At.READ, parked=False)) in (Act.STAY, Act.CAPTURE)
     assert phases == [Phase.WARMING, Phase.SETTLING, Phase.MEASURING, Phase.SEEDING, Phase.CAPTURING]
     assert p.why_deferring.endswith("worth capturing") and p.should_defer()
+    assert "the lesser of two measures" in p.why_deferring, p.why_deferring
+
+
+def test_a_dear_measure_is_taken_again_and_the_lesser_decides(monkeypatch):
+    """Note [Noise only adds: capture is measured twice]: a first measure above the
+    threshold (a slow spell of the machine) is not enough to capture: the next span is
+    timed too, and a cheap second reading parks."""
+    monkeypatch.setattr(adapt, "MEASURE_OPS", 1)
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 0)  # the first reads dear
+    p = DeferPolicy(warmup=True, measure=True)
+    phases = _recording(p)
+    p.feed(WarmupEnded("optimizer step"))
+    p.feed(Moved(False, 0, read=False))
+    for _ in range(2):  # settles, then the first measure: dear, so measured again
+        p.passed += 5
+        p.feed(Seen(False, parked=False))
+        assert p.feed(SafePoint(At.STEP, parked=False)) is Act.STAY
+    assert p.phase is Phase.MEASURING and p._first_per_op is not None
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 10**15)  # the second reads cheap
+    p.passed += 5
+    p.feed(Seen(False, parked=False))
+    assert p.feed(SafePoint(At.STEP, parked=False)) is Act.PARK
+    assert phases == [Phase.WARMING, Phase.SETTLING, Phase.MEASURING, Phase.PASSING]
+    assert "capture cannot pay" in p.reason and "the lesser of two measures" in p.reason, p.reason
+    # a cheap first measure parks at once (noise cannot make ops look cheaper)
+    q = DeferPolicy(warmup=True, measure=True)
+    q.feed(WarmupEnded("optimizer step"))
+    q.feed(Moved(False, 0, read=False))
+    acts = []
+    for _ in range(2):
+        q.passed += 5
+        q.feed(Seen(False, parked=False))
+        acts.append(q.feed(SafePoint(At.STEP, parked=False)))
+    assert acts == [Act.STAY, Act.PARK] and "the lesser" not in q.reason, (acts, q.reason)
 
 
 def test_cheap_ops_park_and_a_probe_measures_again(monkeypatch):

@@ -21,9 +21,11 @@ WARM = dict(backend="eager", warmup=True)
 
 def test_first_iteration_is_eager_and_a_read_starts_capture(monkeypatch):
     """The program's first read ends the warm-up; the next iteration settles (Note [The
-    first span settles]), the one after measures what its ops cost (Note [Measure before
-    capturing]) and, ops being dear enough (the threshold set to 0 here), the next seeds
-    the meta memo (Note [Seeding the memo from real runs]) and the one after is captured."""
+    first span settles]), the two after measure what its ops cost (Note [Measure before
+    capturing]; twice, as the first reads dear: Note [Noise only adds: capture is
+    measured twice]) and, ops being dear enough (the threshold set to 0 here), the next
+    seeds the meta memo (Note [Seeding the memo from real runs]) and the one after is
+    captured."""
     from adaptive_eager.runtime import adapt
 
     monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 0)
@@ -41,6 +43,8 @@ def test_first_iteration_is_eager_and_a_read_starts_capture(monkeypatch):
         third = (x * 2 + 1).sin()            # measured (Note [The first span settles])
         third_type = type(third)
         last = third.sum().item()
+        measured_again = type((x * 2 + 1).sin())  # measured a second time
+        (x * 2 + 1).sin().sum().item()
         seeding = type((x * 2 + 1).sin())    # passed through, seeding the memo
         (x * 2 + 1).sin().sum().item()
         fourth = (x * 2 + 1).sin()           # captured
@@ -50,7 +54,7 @@ def test_first_iteration_is_eager_and_a_read_starts_capture(monkeypatch):
     assert first_type is torch.Tensor and parked_first and before.ops_captured == 0
     assert not before.warmup_ended
     assert second_type is torch.Tensor and not parked_second
-    assert third_type is seeding is torch.Tensor and fourth_type is LazyTensor and after.ops_captured > 0
+    assert third_type is measured_again is seeding is torch.Tensor and fourth_type is LazyTensor and after.ops_captured > 0
     assert after.warmup_ended.startswith("observe:item at ")
     assert "test_warmup.py" in after.warmup_ended
     assert value == again == last == pytest.approx(float((x * 2 + 1).sin().sum()))
