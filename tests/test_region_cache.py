@@ -176,8 +176,14 @@ def test_inductor_region_round_trip_across_processes(tmp_path):
     # now and then (1 compiled region expected, 0 made) when the default policy parked:
     # "windows did not pay for their capture: they ran in 1.5 ms eagerly and took 3.2 ms to
     # capture" (1 run in 4 at 6f0cacc); the program forces capture since.
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    # A temporary folder of the test's own (Note [The artifacts' folder goes at exit]);
+    # Inductor's cache stays where it is (it follows TMPDIR otherwise: a cold compile).
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     env = dict(os.environ, ADAPTIVE_EAGER_CACHE_DIR=str(tmp_path / "regions"),
-               ADAPTIVE_EAGER_REPORT="stderr")
+               ADAPTIVE_EAGER_REPORT="stderr", TMPDIR=str(tmp), TORCHINDUCTOR_CACHE_DIR=cache_dir())
     runs = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", _INDUCTOR_RUN], env=env, capture_output=True,
@@ -188,6 +194,8 @@ def test_inductor_region_round_trip_across_processes(tmp_path):
     assert (int(compiled), int(from_disk), equal) == (1, 0, "True") and int(calls) >= 1, report
     (compiled, from_disk, calls, equal), report = runs[1]
     assert (int(compiled), int(from_disk), equal) == (0, 1, "True") and int(calls) >= 1, report
+    # the worker's artifacts' folder went with the process that made it
+    assert not [n for n in os.listdir(tmp) if n.startswith("adaptive_eager-artifacts-")], os.listdir(tmp)
 
 
 def _adamw_steps(n, runtime=True):

@@ -46,6 +46,7 @@ import itertools
 import logging
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -132,8 +133,9 @@ class _Worker:
         except OSError as e:
             self._broken = f"cannot start the compile worker: {e}"
             raise WorkerUnavailable(self._broken) from e
+        if self._pid != os.getpid() or self._dir is None:  # Note [The artifacts' folder goes at exit]
+            self._dir = tempfile.mkdtemp(prefix="adaptive_eager-artifacts-")
         self._pid = os.getpid()
-        self._dir = tempfile.mkdtemp(prefix="adaptive_eager-artifacts-")
         return self._proc
 
     def compile(self, gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
@@ -192,9 +194,23 @@ class _Worker:
 
     def close(self) -> None:
         """Stop the worker at interpreter exit; a compile in progress is abandoned, not
-        awaited (the thread waiting on it sees :class:`Exiting`)."""
+        awaited (the thread waiting on it sees :class:`Exiting`); this process's
+        artifacts' folder is removed."""
         self._closed = True
         self._kill()
+        folder, self._dir = self._dir, None
+        if folder is not None and self._pid == os.getpid():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+# Note [The artifacts' folder goes at exit]
+# The worker hands each artifact back through a file in a private temporary folder (the
+# program reads and unlinks it). The folder was made at every start of the worker and
+# never removed: each program that compiled left an empty adaptive_eager-artifacts-*
+# folder in /tmp (49 in one day of this machine's tests and benchmarks), one more per
+# worker restart. Now one folder serves a process's workers, and close() (at exit)
+# removes it with whatever an abandoned compile left in it; a forked child makes its own
+# and leaves its parent's alone.
 
 
 @contextlib.contextmanager
