@@ -10,7 +10,8 @@ Example::
     >>> from adaptive_eager.runtime.backends import artifact_codec
     >>> from adaptive_eager.runtime.region_store import RegionStore
     >>> from adaptive_eager.runtime.optim_graph import gather
-    >>> store = RegionStore(DiskCache(tempfile.mkdtemp()), "a backend", "cpu",
+    >>> folder = tempfile.TemporaryDirectory()  # removed with the object
+    >>> store = RegionStore(DiskCache(folder.name), "a backend", "cpu",
     ...                     artifact_codec("inductor", "cpu"))
     >>> p = torch.nn.Parameter(torch.ones(4)); p.grad = torch.ones(4)
     >>> opt = torch.optim.SGD([p], lr=0.1, momentum=0.9); opt.step()

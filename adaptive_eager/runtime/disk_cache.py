@@ -21,7 +21,8 @@ call :meth:`DiskCache.get` / :meth:`DiskCache.put` with keys of its own).
 Example::
 
     >>> import tempfile
-    >>> cache = DiskCache(tempfile.mkdtemp(), max_bytes=1 << 20)
+    >>> folder = tempfile.TemporaryDirectory()  # removed with the object
+    >>> cache = DiskCache(folder.name, max_bytes=1 << 20)
     >>> cache.put("answer", b"42"), cache.get("answer"), cache.get("other")
     (True, b'42', None)
     >>> cache.info().entries

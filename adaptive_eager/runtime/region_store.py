@@ -13,7 +13,8 @@ Example::
     >>> import tempfile, torch
     >>> from adaptive_eager.runtime.disk_cache import DiskCache
     >>> from adaptive_eager.fusion.signature import Key
-    >>> store = RegionStore(DiskCache(tempfile.mkdtemp()), "inductor", "cpu", codec=None)
+    >>> folder = tempfile.TemporaryDirectory()  # removed with the object
+    >>> store = RegionStore(DiskCache(folder.name), "inductor", "cpu", codec=None)
     >>> stable_text((torch.ops.aten.add.Tensor, ("v", 0), 2.5, torch.float32))
     '(Oaten::add.Tensor,(s1:v,i0),f0x1.4000000000000p+1,Dtorch.float32)'
     >>> k = store.key(Key(((torch.ops.aten.sin.default,),)), threads=2)

@@ -11,10 +11,12 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import io
 import math
 import os
 import random
+import shutil
 import tempfile
 from typing import Any, Dict
 
@@ -34,6 +36,7 @@ def corpus_dir(lines: int = 400, vocab: int = 300, seed: int = 0) -> str:
         rng = random.Random(seed)
         words = [f"w{i}" for i in range(vocab)]
         d = tempfile.mkdtemp(prefix="ae-corpus-")
+        atexit.register(shutil.rmtree, d, True)  # the process's own: gone at its exit
         for name, n in (("train", lines), ("valid", lines // 4), ("test", lines // 4)):
             with open(os.path.join(d, f"{name}.txt"), "w", encoding="utf8") as f:
                 for _ in range(n):
