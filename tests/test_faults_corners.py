@@ -301,3 +301,60 @@ def test_dataloader_worker_batches_are_not_taken_for_exported_memory():
     with mode():
         assert (batch * 2 + 1).sum().item() == expected
     assert session.counters().ops_captured - captured == 3   # mul, add, sum: none ran at once
+
+
+# -- Note [No compile starts at a fork or at exit] (runtime/holds.py) -----------------------
+_FORCED_SYNC = {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_ADAPTIVE_PASSTHROUGH": "0",
+                "ADAPTIVE_EAGER_BACKEND": "aot_eager", "ADAPTIVE_EAGER_COMPILE_AFTER": "1",
+                "ADAPTIVE_EAGER_ASYNC_COMPILE": "0", "ADAPTIVE_EAGER_MIN_REGION_WORK": "0"}
+
+
+def test_a_fork_flushes_the_window_without_compiling_it():
+    """The window pending at a fork runs at the fork's flush, but nothing compiles there:
+    before, a synchronous compile ran inside the fork's before-hooks (its imports
+    registered filelock's fork hooks mid-fork: a KeyError traceback in the parent). The
+    child reads the parent's values."""
+    r = _run_script("""
+        import torch, torch.multiprocessing as mp
+        from adaptive_eager import session
+        def child(q, t):
+            q.put((t * 2 + 1).sum().item())
+        if __name__ == "__main__":
+            torch.manual_seed(0)
+            w = torch.randn(100)
+            for i in range(5):
+                w = (w * 1.01 + 0.1).tanh()
+            before = session.counters().regions_compiled
+            ctx = mp.get_context("fork")
+            q = ctx.Queue()
+            p = ctx.Process(target=child, args=(q, w))
+            p.start(); got = q.get(); p.join()
+            print(before, session.counters().regions_compiled, p.exitcode, round(got, 3), round((w * 2 + 1).sum().item(), 3))
+    """, env=_FORCED_SYNC)
+    assert r.returncode == 0, r.stderr[-3000:]
+    before, after, exitcode, child, parent = r.stdout.split()[-5:]
+    assert after == before and exitcode == "0" and child == parent, (r.stdout, r.stderr[-3000:])
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_the_flush_at_exit_compiles_nothing():
+    """A program that ends (sys.exit) with a recurring window pending: its last flush runs
+    the window; before, a synchronous compile started there and failed ("can't register
+    atexit after shutdown", logged as a region running eagerly from now on)."""
+    r = _run_script("""
+        import atexit, sys, torch
+        torch.manual_seed(0)
+        acc = torch.zeros(10)
+        atexit.register(lambda: print("at exit", round(acc.sum().item(), 4)))
+        for i in range(50):
+            acc.add_(torch.randn(10).abs())
+            if i == 30:
+                sys.exit(0)
+    """, env=_FORCED_SYNC)
+    torch.manual_seed(0)
+    acc = torch.zeros(10)
+    for i in range(31):
+        acc.add_(torch.randn(10).abs())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-1] == str(round(acc.sum().item(), 4)), (r.stdout, r.stderr[-3000:])
+    assert "compile failed" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]

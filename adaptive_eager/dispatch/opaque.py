@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ..hooks import HOOKS, Hook, Patch, rng_setters_skipped
 from ..reasons import R
+from ..runtime.holds import compiles_held
 from .exported import export, export_storage
 from .lazy import suspended, unwrap_all
 
@@ -127,7 +128,8 @@ def opaque(fn: Callable[..., Any], name: str, what: str = "call") -> Callable[..
 
 def _before_fork() -> None:
     try:
-        _flush_this_thread("opaque:fork")
+        with compiles_held():  # Note [No compile starts at a fork or at exit] (runtime/holds.py)
+            _flush_this_thread("opaque:fork")
     except Exception:  # noqa: BLE001 - never stop a fork; the child sees what was synced
         pass
 

@@ -434,6 +434,8 @@ class StepCompiler:
 
     def _submit(self, entry: _Entry, service: Any, counters: Any) -> None:
         """Queue ``entry``'s compile (the build its trace left)."""
+        if service.held():  # Note [No compile starts at a fork or at exit]: the trace
+            return          # stays for a later step
         cls, program, region = entry.cls, entry.program, entry.region
         example, threads, exact = entry.build
         entry.build = None

@@ -41,6 +41,7 @@ from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
 from .compile_worker import ISA_META, ISA_PROBED, THREADS_META, Exiting
 from .compile_worker import close as close_worker, exiting as worker_exiting
 from .counters import Counters
+from .holds import compiles_are_held
 from .layouts import LayoutDisagreement, explains_layout, layout_disagreements
 from .region_store import RegionStore
 from ..reasons import R
@@ -246,6 +247,9 @@ class DaemonThread:
         self._jobs.put(None)
 
 
+# Note [No compile starts at a fork or at exit]: runtime/holds.py.
+
+
 def _fuel_from_env() -> int | None:
     """``ADAPTIVE_EAGER_FUEL`` (None: unset); a bad value raises ConfigError naming it."""
     from ..config import switch  # noqa: PLC0415 - a leaf module
@@ -300,12 +304,22 @@ class CompileService:
             self.fuel -= 1
             return True
 
+    @staticmethod
+    def held() -> bool:
+        """Whether no compile or load may start now: the calling thread is inside
+        :func:`compiles_held` (a fork's flush), or the interpreter is exiting (Note [No
+        compile starts at a fork or at exit])."""
+        return compiles_are_held() or worker_exiting()
+
     def submit(self, entry: RegionEntry, build: Callable[[], tuple[Any, list]]) -> None:
         """Compile ``build()``'s (GraphModule, example inputs) for ``entry``.
 
         ``build`` runs here, in the caller's thread (it reads the window); the compile
-        runs in the worker. Synchronous services wait (up to the timeout).
+        runs in the worker. Synchronous services wait (up to the timeout). While
+        :meth:`held`, nothing starts: the region stays cold, for a later sighting.
         """
+        if self.held():
+            return
         try:
             gm, example = build()
         except Exception as e:  # noqa: BLE001 - lowering failure: region stays eager
@@ -425,7 +439,7 @@ class CompileService:
     def from_disk(self, entry: RegionEntry, threads: int | None = None) -> bool:
         """Start loading ``entry``'s artifact from the disk cache; True if started.
         ``threads``: the thread count it was compiled for (default: the program's)."""
-        if self.store is None or entry.disk_tried or entry.state != COLD:
+        if self.store is None or entry.disk_tried or entry.state != COLD or self.held():
             return False
         entry.disk_tried = True
         key = entry.disk_key = self.store.key(entry.key, threads or torch.get_num_threads())
