@@ -81,11 +81,61 @@ def test_second_run_loads_regions_from_disk_at_first_recurrence():
     second, at2 = _train(6, compile_after=4)
     c = session.counters()
     assert c.regions_from_disk >= 1 and c.regions_compiled == 0 and COMPILES == []
-    assert at2 == 3  # loaded at the window's first recurrence (2nd), checked there, bound from the 3rd
+    # loaded at the window's first recurrence (2nd) and bound there: its first call was
+    # checked by the first process (Note [A region checked once is trusted by the next
+    # process]; before, checked again here and bound from the 3rd)
+    assert at2 == 2
     assert "regions from disk" in ae.report()
     for e, a, b in zip(eager, first, second):
         assert_same(e, a)
         assert_same(e, b)
+
+
+def test_a_trusted_region_is_checked_again_when_its_artifact_changed(monkeypatch):
+    """Note [A region checked once is trusted by the next process]: the record holds the
+    digest of the artifact that passed; other bytes under the same key (a later compile,
+    a replaced file) are checked at their first call as before, and a failing check
+    deletes the entry and its record."""
+    from adaptive_eager.runtime import first_call as fc
+
+    checks = []
+    real = fc.first_call
+    monkeypatch.setattr(fc, "first_call", lambda *a, **k: checks.append(1) or real(*a, **k))
+    monkeypatch.setattr("adaptive_eager.runtime.compiled.first_call", fc.first_call)
+    _train(4)
+    assert len(checks) == 1  # checked once, recorded
+    folder = os.environ["ADAPTIVE_EAGER_CACHE_DIR"]
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".bin"))
+    _fresh_process_state()
+    checks.clear()
+    _train(4)
+    assert session.counters().regions_from_disk >= 1 and checks == []  # trusted
+    # the same key, other bytes: a different (here: wrong) artifact under the key
+    register_backend("pickled", _pickling_backend, debugging=True,
+                     codec=ArtifactCodec(lambda fn: getattr(fn, ARTIFACT_BYTES, None),
+                                         lambda data: (lambda *a: [t * 0 for t in pickle.loads(data)(*a)])))
+    from adaptive_eager.runtime.disk_cache import DiskCache
+
+    cache = DiskCache(folder)
+    for n in names:
+        path = os.path.join(folder, n)
+        with open(path, "rb") as f:
+            blob = f.read()
+        if len(blob) > 200:  # the artifact, not the 32-byte record of its check
+            from adaptive_eager.runtime.disk_cache import _pack, _unpack
+
+            data = _unpack(blob)
+            with open(path, "wb") as f:
+                f.write(_pack(data + b"."))  # other bytes (pickle ignores the tail)
+    del cache
+    _fresh_process_state()
+    checks.clear()
+    eager = [_step(*_inputs()) for _ in range(4)]
+    outs, _ = _train(4)
+    assert checks, "other bytes under the key were trusted"
+    assert session.counters().compile_failures >= 1  # its check caught the wrong artifact
+    for e, a in zip(eager, outs):
+        assert_same(e, a)
 
 
 def _inputs():

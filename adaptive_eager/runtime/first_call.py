@@ -101,12 +101,16 @@ def _eager(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict, fl
 
 def _fail(ex: Any, entry: RegionEntry, problem: str | None, window: Window | None = None,
           region: Any = None) -> None:
-    if problem is not None:
-        if not problem.startswith(R.COMPILED_CALL_FAILED):
-            if "strides" in problem and window is not None:
-                problem += ex._explain_layout(window, region)  # Note [Which op's layout disagreed]
-            problem = f"{R.COMPILED_OUTPUTS_DIFFER}: {problem}"
-        ex.compiler.fail(entry, problem)
+    """The check's verdict: ``problem`` makes the region eager-only; None records the pass
+    (Note [A region checked once is trusted by the next process])."""
+    if problem is None:
+        ex.compiler.passed_check(entry)
+        return
+    if not problem.startswith(R.COMPILED_CALL_FAILED):
+        if "strides" in problem and window is not None:
+            problem += ex._explain_layout(window, region)  # Note [Which op's layout disagreed]
+        problem = f"{R.COMPILED_OUTPUTS_DIFFER}: {problem}"
+    ex.compiler.fail(entry, problem)
 
 
 def _call(entry: RegionEntry, args: list, why: Any = None) -> tuple[Any, str | None]:
@@ -129,6 +133,7 @@ def _on_copies(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict
         if problem is None and not ex.options.verify_compiled and not region.mutated \
                 and not aliases_any(outs, copies):
             ex._bind(region, env, outs)
+            _fail(ex, entry, None)  # passed
             return True
     written = {v: env[v] for v in region.mutated}  # its run may drop the dead ones
     _eager(ex, window, step, entry, env, floats)
@@ -176,6 +181,7 @@ def _lean(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
         raise CompiledCodeWroteInput(reason)
     if keep:
         ex._bind(region, env, outs)
+        _fail(ex, entry, None)  # passed
         return True
     _eager(ex, window, step, entry, env, floats)
     if problem is None and sums is not None:
