@@ -267,3 +267,17 @@ def test_two_threads_reaching_their_first_step_together_in_a_fresh_process():
     for _ in range(3):
         r = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0 and "errors []" in r.stdout, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+
+
+def test_a_restarted_runtime_thread_runs_its_set_up_again():
+    """Note [An idle thread ends]: per-thread state (the checker's one OpenMP thread) is
+    set by ``on_start`` in every thread the DaemonThread starts, not by a first job."""
+    from adaptive_eager.runtime.compiler import DaemonThread
+
+    local = threading.local()
+    t = DaemonThread("ae-test-setup", idle_s=0.05, on_start=lambda: setattr(local, "ready", True))
+    first = t.submit(lambda: (threading.current_thread(), getattr(local, "ready", False))).result(timeout=JOIN_S)
+    assert first[1] is True
+    assert _wait_until(lambda: not first[0].is_alive())
+    again = t.submit(lambda: (threading.current_thread(), getattr(local, "ready", False))).result(timeout=JOIN_S)
+    assert again[0] is not first[0] and again[1] is True

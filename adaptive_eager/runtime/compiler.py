@@ -137,7 +137,9 @@ FINISH_AT_EXIT_S = 30.0
 # _MAX_SESSIONS, session.clear_sessions(), which the benchmarks call between runs) left
 # its compile thread and its checker thread behind, blocked on an empty queue. The test
 # suite ended with ~260 such threads in one process. So a thread with nothing to do for
-# IDLE_EXIT_S ends, and the next submit starts a new one (~0.1 ms, once per idle spell).
+# IDLE_EXIT_S ends, and the next submit starts a new one (~0.1 ms, once per idle spell),
+# which runs the thread's per-thread set-up again first (``on_start``: the checker
+# thread's one OpenMP thread, Note [A checker thread with one OpenMP thread]).
 # The start and the idle exit take one lock, so a job put while the thread decides to
 # end is never left without a thread.
 IDLE_EXIT_S = 30.0
@@ -162,8 +164,10 @@ class DaemonThread:
     ``finish_at_exit``: stopped, its current call waited for, when the interpreter begins
     to exit (Note [A thread in torch's C++ at exit is let finish])."""
 
-    def __init__(self, name: str, finish_at_exit: bool = False, idle_s: float | None = None):
+    def __init__(self, name: str, finish_at_exit: bool = False, idle_s: float | None = None,
+                 on_start: Callable[[], Any] | None = None):
         self._name = name
+        self._on_start = on_start  # run first in each thread it starts (Note [An idle thread ends])
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._idle_s = IDLE_EXIT_S if idle_s is None else idle_s
@@ -219,6 +223,11 @@ class DaemonThread:
 
     def _run(self) -> None:
         skip_rng_setters_in_this_thread()  # Note [Compiles never rewind the program's random stream]
+        if self._on_start is not None:
+            try:
+                self._on_start()
+            except Exception:  # noqa: BLE001 - a set-up that fails leaves the thread as made
+                pass
         while True:
             job = self._next()
             if job is None:

@@ -162,7 +162,8 @@ class BesideCheck:
         if torch.get_num_threads() != 1:  # the program's team: Note [A checker thread with one OpenMP thread]
             return _Inline()
         if self._thread is None:
-            thread = DaemonThread("adaptive_eager-check", finish_at_exit=True)
+            thread = DaemonThread("adaptive_eager-check", finish_at_exit=True,
+                                  on_start=_one_omp_thread_here)  # again in a restarted thread
             try:
                 alone = thread.submit(_one_omp_thread_here).result(timeout=30)
             except Exception:  # noqa: BLE001 - no checker thread then
