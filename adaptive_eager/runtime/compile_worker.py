@@ -168,6 +168,10 @@ class _Worker:
             try:
                 with open(path, "rb") as f:
                     data = f.read()
+            except FileNotFoundError as e:  # close() at exit took the folder meanwhile
+                if self._closed:
+                    raise Exiting("interpreter exiting; compile abandoned") from e
+                raise
             finally:
                 try:
                     os.unlink(path)
