@@ -466,3 +466,49 @@ def test_state_made_while_capturing_gets_a_known_step():
     known = STEPS._known.get(oout)
     assert known is not None and known[0].usable, _kinds(O.Adam)
     assert _kinds(O.Adam).get("compiled steps", 0) >= 6, _kinds(O.Adam)
+
+
+def test_a_compiled_step_slower_than_eager_goes_back():
+    """Note [A compiled step slower than eager's goes back]: a backend whose compiled step
+    is far slower than eager's (a 3 ms wait in each call) is demoted after its first
+    STEP_TIMED_CALLS compiled steps; the steps after run eagerly, values equal eager's."""
+    import time as _time
+
+    from adaptive_eager.dispatch.optim_compile import STEP_TIMED_CALLS
+    from adaptive_eager.runtime import register_backend
+    from adaptive_eager.runtime.backends import unregister_backend
+
+    def slow_backend(gm, example_inputs):
+        def call(*args):
+            end = _time.thread_time_ns() + 3_000_000
+            while _time.thread_time_ns() < end:
+                pass
+            return gm(*args)
+        return call
+
+    def train(ctx):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(8, 8)
+        opt = O.Adam(m.parameters(), lr=1e-3)
+        x = torch.randn(4, 8)
+        with ctx if ctx is not None else contextlib.nullcontext():
+            for _ in range(40):
+                opt.zero_grad(set_to_none=True)
+                m(x).square().mean().backward()
+                opt.step()
+        return list(m.parameters())
+
+    register_backend("slow-steps", slow_backend, debugging=False)
+    try:
+        ref = train(None)
+        ae.reset_stats()
+        out = train(ae.adaptive_eager(backend="slow-steps", async_compile=False, optimizer_step_after_ms=0.5))
+    finally:
+        unregister_backend("slow-steps")
+    for a, b in zip(ref, out):
+        torch.testing.assert_close(a, b)
+    k = _kinds(O.Adam)
+    assert k.get("compiles") == 1 and k.get("compiled steps") == STEP_TIMED_CALLS, k
+    demoted = [w for w in k if "demoted: the compiled step took" in w]
+    assert demoted and k[demoted[0]] >= 20, k
+    assert ae.stats().demotions == 1

@@ -147,6 +147,7 @@ class CostThreshold:
         self._spent: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # ns
         self._started: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
         self._looked_up: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+        self._steps: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # timed
 
     def cheap(self, opt: Any, mode: Any, service: Any, compiled_here: Callable[[Gathered], bool]) -> bool:
         """Whether ``opt``'s steps have cost less than the threshold so far (this step is
@@ -174,6 +175,14 @@ class CostThreshold:
             t0, flusher, f0 = started
             flushes = flusher.thread_ns() - f0 if flusher is not None else 0
             self._spent[opt] = self._spent.get(opt, 0) + max(0, time.thread_time_ns() - t0 - flushes)
+            self._steps[opt] = self._steps.get(opt, 0) + 1
+
+    def eager_step_ns(self, opt: Any) -> float | None:
+        """What ``opt``'s eager steps cost on average while they were timed (None: none
+        was: its trace came from the disk cache, Note [A saved step skips the cost
+        threshold]); Note [A compiled step slower than eager's goes back]."""
+        steps = self._steps.get(opt, 0)
+        return self._spent.get(opt, 0) / steps if steps else None
 
 
 __all__ = ["CostThreshold", "saved_before", "note_trace"]
