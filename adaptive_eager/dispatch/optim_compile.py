@@ -216,6 +216,10 @@ class StepCompiler:
         entry = scalars = steps = None
         if got is not None:  # Note [A known step is re-checked, not re-gathered]
             entry = known[1]
+            if entry.region is not None and entry.region.state == EAGER_ONLY:
+                # its signature's compile failed or was demoted: nothing to prepare
+                _note(counters, cls, f"eager: {Why.FAILED}: {entry.region.reason}")
+                return False
             if entry.program is not None:
                 steps = known[0].step_values(entry.program.reads, got.inputs)
                 scalars = _scalars(entry.program, got.hyper, steps, mode) if steps is not None else None
@@ -265,7 +269,8 @@ class StepCompiler:
     # its flushes); if the fastest is no faster than eager's average step, the entry is
     # demoted (eager-only, counted in demotions, the report's reason names both figures)
     # and the steps run eagerly as before the compile. A step whose trace came from the
-    # disk cache has no eager figure and is kept; the debugging backends (eager,
+    # disk cache has no eager figure and is kept, so a demoted step's artifact is deleted
+    # from the cache (a later process times its eager steps again); the debugging backends (eager,
     # aot_eager: for checking results, not speed) are never demoted, as regions are not.
     def _judge_speed(self, opt: Any, timed: tuple) -> None:
         t0, flusher, f0 = timed
@@ -279,8 +284,11 @@ class StepCompiler:
         eager = self._threshold.eager_step_ns(opt)
         if len(region.compiled_ns) == STEP_TIMED_CALLS and eager is not None \
                 and min(region.compiled_ns) >= eager:
-            known[2].fail(region, f"{R.DEMOTED}: the compiled step took {min(region.compiled_ns) / 1e3:.0f} µs, "
-                                  f"eager's {eager / 1e3:.0f} µs", "demotions")
+            service = known[2]
+            service.fail(region, f"{R.DEMOTED}: the compiled step took {min(region.compiled_ns) / 1e3:.0f} µs, "
+                                 f"eager's {eager / 1e3:.0f} µs", "demotions")
+            if region.disk_key is not None and getattr(service, "store", None) is not None:
+                service.store.discard(region.disk_key)  # not loaded, untimed, by a later process
 
     def _compiling(self, got: Any, service: Any) -> bool:
         """Whether a trace of ``got``'s signature is compiling (Note [A step waiting for
