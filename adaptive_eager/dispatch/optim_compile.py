@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import weakref
 from typing import Any
 
@@ -36,7 +35,8 @@ from ..runtime.checks import close
 from ..runtime.compile_worker import CHECKED_META, THREADS_META
 from ..runtime.first_call import CompiledCodeWroteInput, on_host
 from ..runtime.optim_fast import KnownStep
-from .optim_threshold import CostThreshold, note_trace
+from .optim_speed import STEP_TIMED_CALLS, StepSpeed  # noqa: F401 - re-exported
+from .optim_threshold import CostThreshold, note_trace, thread_mark
 from .optim_inputs import GRAIN_SIZE, example as _example, kernel_threads  # noqa: F401 - re-exported
 from ..runtime.step_check import WROTE_READ_ONLY, BesideCheck, written_inputs
 from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
@@ -95,8 +95,7 @@ class StepCompiler:
         self._waiting = WaitingSteps()  # Note [A step waiting for its compile is not captured]
         self._released: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
         self._threshold = CostThreshold(_PLAIN)  # Note [A step compiles once it has cost enough]
-        # optimizer -> (CPU time, flusher, its CPU time) at the start of a compiled step
-        self._timed: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        self._speed = StepSpeed(self._threshold)  # Note [A compiled step slower than eager's goes back]
         # Note [The first compiled step is checked beside the program] (runtime/step_check.py)
         self._beside = BesideCheck()
 
@@ -159,15 +158,14 @@ class StepCompiler:
         torch's body (eager; at the foreach level while capturing, or passed through
         while its own compile is pending: Note [A step waiting for its compile is not
         captured])."""
-        flusher = getattr(mode, "flusher", None)
-        t0, f0 = time.thread_time_ns(), (flusher.thread_ns() if flusher is not None else 0)
+        mark = thread_mark(mode)
         ran = self._step(opt, mode, args, kwargs)
         if ran is _WAITS:
             self.passes_through(opt, mode)
         elif not ran:
             self.runs_eagerly(opt, mode)
         elif not is_debugging(mode.options.backend):  # Note [A compiled step slower than
-            self._timed[opt] = (t0, flusher, f0)       # eager's goes back]: timed to its end
+            self._speed.started(opt, mark)             # eager's goes back]: timed to its end
 
     # Note [A step waiting for its compile is not captured] (dispatch/optim_waiting.py)
     def passes_through(self, opt: Any, mode: Any) -> None:
@@ -257,39 +255,6 @@ class StepCompiler:
         known[0].stepped(entry.program.reads, entry.program.deltas, steps, got.inputs)
         return True
 
-    # Note [A compiled step slower than eager's goes back]
-    # The cost threshold (Note [A step compiles once it has cost enough]) decides when a
-    # step is worth a compile, not whether the compiled step is faster: for a tiny model
-    # it is not. Adam over a Linear(8, 8) (2 tensors, 72 floats), parked, one thread: eager
-    # 136-177 µs a step, compiled 216-395 µs (the hooks' Python, the known step's check,
-    # six 0-d scalars made each step, the compiled call's wrappers), and it compiled once
-    # its eager steps had cost optimizer_step_after_ms (~600 steps): from there the loop
-    # ran slower for good. So the first STEP_TIMED_CALLS compiled steps are timed like the
-    # eager ones were (the program thread's CPU from our pre-hook to our post-hook, less
-    # its flushes); if the fastest is no faster than eager's average step, the entry is
-    # demoted (eager-only, counted in demotions, the report's reason names both figures)
-    # and the steps run eagerly as before the compile. A step whose trace came from the
-    # disk cache has no eager figure and is kept, so a demoted step's artifact is deleted
-    # from the cache (a later process times its eager steps again); the debugging backends (eager,
-    # aot_eager: for checking results, not speed) are never demoted, as regions are not.
-    def _judge_speed(self, opt: Any, timed: tuple) -> None:
-        t0, flusher, f0 = timed
-        flushes = flusher.thread_ns() - f0 if flusher is not None else 0
-        ns = max(0, time.thread_time_ns() - t0 - flushes)
-        known = self._known.get(opt)
-        region = known[1].region if known is not None else None
-        if region is None or region.state != COMPILED or len(region.compiled_ns) >= STEP_TIMED_CALLS:
-            return
-        region.compiled_ns.append(ns)
-        eager = self._threshold.eager_step_ns(opt)
-        if len(region.compiled_ns) == STEP_TIMED_CALLS and eager is not None \
-                and min(region.compiled_ns) >= eager:
-            service = known[2]
-            service.fail(region, f"{R.DEMOTED}: the compiled step took {min(region.compiled_ns) / 1e3:.0f} µs, "
-                                 f"eager's {eager / 1e3:.0f} µs", "demotions")
-            if region.disk_key is not None and getattr(service, "store", None) is not None:
-                service.store.discard(region.disk_key)  # not loaded, untimed, by a later process
-
     def _compiling(self, got: Any, service: Any) -> bool:
         """Whether a trace of ``got``'s signature is compiling (Note [A step waiting for
         its compile is not captured])."""
@@ -359,9 +324,7 @@ class StepCompiler:
         """Our (first) step post-hook: the groups back; a first compiled call checked."""
         self._waiting.resume(opt)  # Note [A step waiting for its compile is not captured]
         self._threshold.charge(opt)  # Note [A step compiles once it has cost enough]
-        timed = self._timed.pop(opt, None)
-        if timed is not None:
-            self._judge_speed(opt, timed)
+        self._speed.ended(opt, self._known.get(opt))  # Note [A compiled step slower than eager's goes back]
         self._beside.stepped(opt)  # Note [The copies are made the step before] (runtime/step_check.py)
         held = self._pending().pop(opt, None)
         if held is None:
@@ -630,6 +593,5 @@ def _post_hook(opt: Any, args: tuple, kwargs: dict) -> None:
 
 # Note [The step compiler registry]: one per process, like the safe points it is driven by.
 STEPS = StepCompiler()
-STEP_TIMED_CALLS = 5  # Note [A compiled step slower than eager's goes back]
 
 __all__ = ["StepCompiler", "STEPS", "CANDIDATES", "Why", "MAX_PROGRAMS"]

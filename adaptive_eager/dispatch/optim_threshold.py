@@ -138,6 +138,21 @@ def note_trace(store: Any, got: Gathered, disk_key: str | None) -> bool:
 # charged 20, 9, 59, 12, 14 ms for its first steps (of which flushes 0, 6, 57, 9, 3),
 # was traced at its 5th step, and the windows around it changed and warmed up again
 # (8 steps, Inductor: 41% fused instead of ~60%).
+def thread_mark(mode: Any) -> tuple:
+    """Where a step starts, to :func:`thread_spent`: the program thread's CPU time and its
+    mode's flushes' so far."""
+    flusher = getattr(mode, "flusher", None)
+    return time.thread_time_ns(), flusher, flusher.thread_ns() if flusher is not None else 0
+
+
+def thread_spent(mark: tuple) -> int:
+    """The program thread's CPU time since :func:`thread_mark`, less its flushes' (they run
+    the program's earlier work, not the step's)."""
+    t0, flusher, f0 = mark
+    flushes = flusher.thread_ns() - f0 if flusher is not None else 0
+    return max(0, time.thread_time_ns() - t0 - flushes)
+
+
 class CostThreshold:
     """Per optimizer: its eager steps' cost so far, and whether its signature was looked
     up in the index (see the Notes above)."""
@@ -164,17 +179,14 @@ class CostThreshold:
                 with mode.counters.lock:
                     mode.counters.optimizer_step_kinds[f"{type(opt).__name__}|saved before: no threshold"] += 1
                 return False
-        flusher = getattr(mode, "flusher", None)
-        self._started[opt] = (time.thread_time_ns(), flusher, flusher.thread_ns() if flusher else 0)
+        self._started[opt] = thread_mark(mode)
         return True
 
     def charge(self, opt: Any) -> None:
         """The step :meth:`cheap` timed is over: add its cost, less its flushes'."""
         started = self._started.pop(opt, None)
         if started is not None:
-            t0, flusher, f0 = started
-            flushes = flusher.thread_ns() - f0 if flusher is not None else 0
-            self._spent[opt] = self._spent.get(opt, 0) + max(0, time.thread_time_ns() - t0 - flushes)
+            self._spent[opt] = self._spent.get(opt, 0) + thread_spent(started)
             self._steps[opt] = self._steps.get(opt, 0) + 1
 
     def eager_step_ns(self, opt: Any) -> float | None:
@@ -185,4 +197,4 @@ class CostThreshold:
         return self._spent.get(opt, 0) / steps if steps else None
 
 
-__all__ = ["CostThreshold", "saved_before", "note_trace"]
+__all__ = ["CostThreshold", "saved_before", "note_trace", "thread_mark", "thread_spent"]
