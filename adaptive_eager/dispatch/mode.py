@@ -224,7 +224,7 @@ class AdaptiveEagerMode(TorchDispatchMode):
             policy = self.policy
             policy.passed += 1  # the policy's own count (Note [Measure before capturing])
             if policy.timing and not policy.fusible(func):
-                # Note [Only fusible ops pay for capture] (runtime/adapt.py)
+                # Note [Only fusible ops pay for capture] (runtime/measure.py)
                 t0 = time.thread_time_ns()
                 out = func(*args, **kwargs)
                 policy.unfusible_ns += time.thread_time_ns() - t0

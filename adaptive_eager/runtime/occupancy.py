@@ -37,7 +37,7 @@ from .verdicts import CAPTURE_NS_PER_OP
 # CUDA; the emulated neuron device busy-waits its modelled latency), and a fused region
 # is one launch for all its ops: fusion saves most of what an op costs there, where on
 # the CPU it saves only memory traffic. So on a device other than the CPU, ops twice a
-# capture's worth are enough (LAUNCH_MEASURE_NS_PER_OP, runtime/adapt.py). Measured on
+# capture's worth are enough (LAUNCH_MEASURE_NS_PER_OP, runtime/measure.py). Measured on
 # the README's emulated neuron example (AdamW MLP, 20 µs launches): 56-74 µs an op, which
 # the CPU's threshold (60 µs) parked once in three runs, where fused it makes 6 launches a
 # step instead of 48.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-# The time a measure may run on over MEASURE_MAX_NS (runtime/adapt.py), for the optimizer
+# The time a measure may run on over MEASURE_MAX_NS (runtime/measure.py), for the optimizer
 # steps it left out (90 ms: nine measures' worth).
 OWNED_MAX_NS = 90_000_000
 
