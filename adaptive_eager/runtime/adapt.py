@@ -318,9 +318,7 @@ class DeferPolicy:
         if ops <= 0 and self._empty_measures < EMPTY_MEASURES:
             # Note [A measure that saw no op judges nothing]
             self._empty_measures += 1
-            self._start_timing(keep_open=True)
-            self._measure_ops, self._measure_spans = self.passed, spans
-            self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS
+            self._time_again(spans)
             return True
         # Note [Only fusible ops pay for capture]: time inside ops that cannot fuse is left out
         # Note [Fusion saves device time] (occupancy.py): the larger of host and device time
@@ -340,9 +338,7 @@ class DeferPolicy:
             apart += f"; the lesser of two measures, {first / 1e3:.0f} µs first"
         elif ops and not free and per_op >= self._threshold():
             self._first_per_op = per_op
-            self._start_timing(keep_open=True)
-            self._measure_ops, self._measure_spans = self.passed, spans
-            self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS
+            self._time_again(spans)
             return True
         if free or (ops and per_op >= self._threshold()):
             # Note [Seeding the memo from real runs] (dispatch/meta.py): one more span
@@ -361,6 +357,13 @@ class DeferPolicy:
         self._stop(f"{regime}ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through{apart}): "
                    f"less than capturing one costs, so capture cannot pay")
         return False
+
+    def _time_again(self, spans: int) -> None:
+        """A new measure from here, for MEASURE_MAX_NS at most (the last one judged nothing,
+        or must be confirmed); a step open now stays left out."""
+        self._start_timing(keep_open=True)
+        self._measure_ops, self._measure_spans = self.passed, spans
+        self._measure_end_ns = self._measure_ns + MEASURE_MAX_NS
 
     def _start_timing(self, keep_open: bool = False) -> None:
         self._measure_ns = time.thread_time_ns()
