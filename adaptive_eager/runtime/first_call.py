@@ -99,7 +99,7 @@ def _eager(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict, fl
     entry.eager_ns.append(time.perf_counter_ns() - t0)
 
 
-def _fail(ex: Any, entry: RegionEntry, problem: str | None, window: Window | None = None,
+def _verdict(ex: Any, entry: RegionEntry, problem: str | None, window: Window | None = None,
           region: Any = None) -> None:
     """The check's verdict: ``problem`` makes the region eager-only; None records the pass
     (Note [A region checked once is trusted by the next process])."""
@@ -133,14 +133,14 @@ def _on_copies(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict
         if problem is None and not ex.options.verify_compiled and not region.mutated \
                 and not aliases_any(outs, copies):
             ex._bind(region, env, outs)
-            _fail(ex, entry, None)  # passed
+            _verdict(ex, entry, None)  # passed
             return True
     written = {v: env[v] for v in region.mutated}  # its run may drop the dead ones
     _eager(ex, window, step, entry, env, floats)
     if problem is None and ex.options.verify_compiled:
         ref = [env[v] for v in region.outputs]
         problem = outputs_match(window, region, outs, ref, copies, written)
-    _fail(ex, entry, problem, window, region)
+    _verdict(ex, entry, problem, window, region)
     return False
 
 
@@ -181,7 +181,7 @@ def _lean(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
         raise CompiledCodeWroteInput(reason)
     if keep:
         ex._bind(region, env, outs)
-        _fail(ex, entry, None)  # passed
+        _verdict(ex, entry, None)  # passed
         return True
     _eager(ex, window, step, entry, env, floats)
     if problem is None and sums is not None:
@@ -192,7 +192,7 @@ def _lean(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
                 if not summaries_close(a, b)]
         if bad:
             problem = f"values {bad} differ from eager's (lean check of a large region)"
-    _fail(ex, entry, problem, window, region)
+    _verdict(ex, entry, problem, window, region)
     return False
 
 
@@ -233,7 +233,7 @@ def _via_host(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
                 if not close(g, on_host(args[j])):
                     problem = f"input {region.inputs[j]}: in-place update differs from eager"
                     break
-    _fail(ex, entry, problem, window, region)
+    _verdict(ex, entry, problem, window, region)
     return False
 
 
