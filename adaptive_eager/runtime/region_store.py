@@ -228,9 +228,13 @@ class RegionStore:
         if probed is True and not self.isa_ok():
             self._isa_ok = self.cache.put(self._isa_key(), _ISA_RECORD)
 
+    def _bytes(self, fn: Any) -> bytes | None:
+        """``fn``'s artifact as the backend saves it; None when it has none."""
+        return self.codec.dump(fn) if self.codec is not None else None
+
     def save(self, key: str, fn: Any) -> bool:
         """Store ``fn``'s artifact under ``key``; False when it has no bytes to save."""
-        data = self.codec.dump(fn) if self.codec is not None else None
+        data = self._bytes(fn)
         return data is not None and self.cache.put(key, data)
 
     def discard(self, key: str) -> None:
@@ -242,7 +246,7 @@ class RegionStore:
     def note_checked(self, key: str, fn: Any) -> bool:
         """Record that ``fn``'s artifact, stored under ``key``, passed its first call's
         check; False when it has no bytes (nothing a later process could load)."""
-        data = self.codec.dump(fn) if self.codec is not None else None
+        data = self._bytes(fn)
         return data is not None and self.cache.put(key + _CHECKED, hashlib.sha256(data).digest())
 
     def was_checked(self, key: str, data: bytes) -> bool:
