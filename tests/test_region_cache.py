@@ -278,10 +278,40 @@ def test_compiled_optimizer_step_is_saved_and_loaded_by_the_next_process():
     c = session.counters()
     kinds = dict(c.optimizer_step_kinds)
     assert COMPILES == [] and kinds.get("AdamW|loads from disk") == 1 and "AdamW|compiles" not in kinds
-    assert c.optimizer_steps_compiled == 3
+    # its first call checked by the first process (Note [A region checked once is trusted
+    # by the next process]): compiled from the step after its trace, no check step
+    assert c.optimizer_steps_compiled == 4 and not any("checking" in k for k in kinds), kinds
     assert "1 trace loaded from the disk cache" in ae.report()
     for a, b, e in zip(first, second, eager):
         assert torch.equal(a, e) and torch.equal(b, e)
+
+
+def test_an_optimizer_step_checked_once_is_checked_again_when_its_artifact_changed():
+    """Note [A region checked once is trusted by the next process], for an optimizer step:
+    other bytes under the step's key (here: the same graph, a byte more) are checked at their first
+    call again (the first process's record names other bytes); values equal eager's."""
+    from adaptive_eager.runtime.disk_cache import _pack, _unpack
+
+    eager = _adamw_steps(6, runtime=False)
+    _adamw_steps(6)
+    folder = os.environ["ADAPTIVE_EAGER_CACHE_DIR"]
+    for n in os.listdir(folder):
+        path = os.path.join(folder, n)
+        if not n.endswith(".bin"):
+            continue
+        with open(path, "rb") as f:
+            data = _unpack(f.read())
+        if data is not None and data.startswith(b"\x80"):  # a pickled artifact
+            with open(path, "wb") as f:
+                f.write(_pack(data + b"."))
+    _fresh_process_state()
+    second = _adamw_steps(6)
+    kinds = dict(session.counters().optimizer_step_kinds)
+    assert kinds.get("AdamW|loads from disk") == 1, kinds
+    assert kinds.get("AdamW|eager: checking the first compiled call against eager") == 1, kinds
+    assert session.counters().optimizer_steps_compiled == 3
+    for b, e in zip(second, eager):
+        assert torch.equal(b, e)
 
 
 
@@ -313,3 +343,72 @@ def test_a_load_cut_short_by_exit_keeps_its_entry(monkeypatch):
         e.state = COMPILING
         svc._load(e, "a-key")
         assert (Store.discarded == []) is kept, (exiting, Store.discarded)
+
+
+def test_a_step_found_slower_than_eager_stays_eager_in_the_next_process():
+    """Note [A step found slower than eager stays eager in the next process]: a demoted
+    step's time is recorded beside its key; the next process traces the same key, finds
+    the record no faster than its own eager steps and keeps the step eager with no
+    compile; a record faster than this process's eager steps compiles it again."""
+    import time as _time
+
+    def slow(gm, example_inputs):
+        COMPILES.append(len(gm.graph.nodes))
+        data = pickle.dumps(gm)
+
+        def call(*args):
+            end = _time.thread_time_ns() + 3_000_000
+            while _time.thread_time_ns() < end:
+                pass
+            return gm(*args)
+        setattr(call, ARTIFACT_BYTES, data)
+        return call
+
+    register_backend("slow-pickled", slow, debugging=False,
+                     codec=ArtifactCodec(lambda fn: getattr(fn, ARTIFACT_BYTES, None), pickle.loads))
+
+    def train():
+        torch.manual_seed(0)
+        m = torch.nn.Linear(8, 8)
+        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+        x = torch.randn(4, 8)
+        with ae.adaptive_eager(backend="slow-pickled", async_compile=False, optimizer_step_after_ms=0.5):
+            for _ in range(30):
+                opt.zero_grad(set_to_none=True)
+                m(x).square().mean().backward()
+                opt.step()
+        return list(m.parameters())
+
+    try:
+        first = train()
+        c = session.counters()
+        assert c.demotions == 1 and len(COMPILES) == 1, dict(c.optimizer_step_kinds)
+        folder = os.environ["ADAPTIVE_EAGER_CACHE_DIR"]
+        from adaptive_eager.runtime.disk_cache import _pack, _unpack
+        records = []
+        for n in os.listdir(folder):
+            with open(os.path.join(folder, n), "rb") as f:
+                data = _unpack(f.read())
+            if data is not None and data.isdigit():
+                records.append((n, data))
+        assert len(records) == 1 and int(records[0][1]) >= 3_000_000, records
+
+        _fresh_process_state()
+        second = train()
+        c = session.counters()
+        kinds = dict(c.optimizer_step_kinds)
+        assert COMPILES == [] and c.demotions == 1 and c.optimizer_steps_compiled == 0, kinds
+        assert any("in an earlier process, eager's" in k for k in kinds), kinds
+
+        # an eager step now dearer than the recorded compiled one: compiled (and timed) again
+        path = os.path.join(folder, records[0][0])
+        with open(path, "wb") as f:
+            f.write(_pack(b"1"))
+        _fresh_process_state()
+        third = train()
+        assert len(COMPILES) == 1 and session.counters().demotions == 1  # compiled, demoted again
+        for a, b, e in zip(first, second, third):  # the compiled steps: close (not the exact backend)
+            torch.testing.assert_close(a, b)
+            torch.testing.assert_close(a, e)
+    finally:
+        unregister_backend("slow-pickled")

@@ -356,13 +356,20 @@ class StepCompiler:
             if bad is not None:
                 service.fail(entry.region, f"{R.COMPILED_OUTPUTS_DIFFER}: optimizer step input {bad}")
                 _note(counters, entry.cls, f"eager: {Why.FAILED}: compiled step differs from eager")
+            else:
+                service.passed_check(entry.region)  # Note [A region checked once is trusted by the next process]
 
     @staticmethod
     def _take_verdict(entry: _Entry, service: Any, counters: Any) -> None:
         pending, entry.verdict = entry.verdict, None
-        if pending is not None and (problem := BesideCheck.verdict(pending)) is not None:
-            service.fail(entry.region, problem[0])
-            _note(counters, entry.cls, f"eager: {Why.FAILED}: {problem[1]}")
+        if pending is None:
+            return
+        problem = BesideCheck.verdict(pending)
+        if problem is None:
+            service.passed_check(entry.region)  # Note [A region checked once is trusted by the next process]
+            return
+        service.fail(entry.region, problem[0])
+        _note(counters, entry.cls, f"eager: {Why.FAILED}: {problem[1]}")
 
     def _why_not(self, opt: Any, args: tuple, kwargs: dict) -> str | None:
         # the hook's args hold the optimizer first; ``step(None)`` (accelerate's wrapper,
@@ -434,6 +441,10 @@ class StepCompiler:
         entry.build = (example, kernel_threads(got.inputs), is_debugging(backend))
         if service.from_disk(region, entry.build[1]):
             _note(counters, cls, "loads from disk")
+        elif region.state == COLD and not entry.build[2] and self._speed.found_slow(opt, region, service):
+            entry.build = None  # Note [A step found slower than eager stays eager in the next process]
+            _note(counters, cls, f"eager: {Why.FAILED}: {region.reason}")
+            return
         # Note [A saved step skips the cost threshold]
         note_trace(getattr(service, "store", None), got, region.disk_key)
         if region.state == COLD:  # nothing saved, or an entry that did not load
@@ -495,7 +506,7 @@ class StepCompiler:
             _note(counters, cls, "eager: unbound handle")
             return False
         rest = list(entry.program.consts) + scalars
-        if not entry.checked:
+        if not entry.checked and not entry.region.checked:  # the latter: checked by an earlier process
             if mode.options.verify_compiled and self._beside.later(opt, entry, inputs, lambda: len(mode.recorder)):
                 return _note(counters, cls, "eager: " + Why.VERIFYING) or _WAITS
             entry.checked = True

@@ -34,6 +34,20 @@ from .optim_threshold import CostThreshold, thread_spent
 # are not.
 STEP_TIMED_CALLS = 5
 
+# Note [A step found slower than eager stays eager in the next process]
+# A demoted step's artifact is deleted (Note [A compiled step slower than eager's goes
+# back]), so the next process ran the same program through the same cost threshold,
+# traced, compiled the step again in the worker, timed it, and demoted it again: a
+# compile and five slow steps in every process, for a verdict that depends on what the
+# disk key holds (the step's graph, the environment, the backend, the thread count) and
+# on the eager step's cost. So a demotion also records the compiled step's time beside
+# its key (``<key> slower than eager``); a later process whose trace lands on that key
+# compares it with its own eager steps' average (the threshold timed them before the
+# trace) and keeps the step eager, without a compile, while the recorded compiled time
+# is no faster; an eager step that has grown dearer (another load, bigger tensors are
+# another key) than the recorded compiled time compiles it again, and that compile is
+# timed and decided afresh. Debugging backends are never demoted, so never recorded.
+
 
 class StepSpeed:
     """Per optimizer: where its compiled step started (``thread_mark``), until its end."""
@@ -60,8 +74,29 @@ class StepSpeed:
             service = known[2]
             service.fail(region, f"{R.DEMOTED}: the compiled step took {min(region.compiled_ns) / 1e3:.0f} µs, "
                                  f"eager's {eager / 1e3:.0f} µs", "demotions")
-            if region.disk_key is not None and getattr(service, "store", None) is not None:
-                service.store.discard(region.disk_key)  # not loaded, untimed, by a later process
+            store = getattr(service, "store", None)
+            if region.disk_key is not None and store is not None:
+                store.discard(region.disk_key)  # not loaded, untimed, by a later process
+                # Note [A step found slower than eager stays eager in the next process]
+                store.note_slow(region.disk_key, min(region.compiled_ns))
+
+    def found_slow(self, opt: Any, region: Any, service: Any) -> bool:
+        """Whether an earlier process found ``region``'s compiled step no faster than ``opt``'s
+        eager steps cost here; if so, the region is demoted now, with no compile (Note [A
+        step found slower than eager stays eager in the next process])."""
+        store = getattr(service, "store", None)
+        if store is None or region.disk_key is None:
+            return False
+        slow = store.slow_ns(region.disk_key)
+        if slow is None:
+            return False
+        eager = self._threshold.eager_step_ns(opt)
+        if eager is not None and slow < eager:
+            return False
+        here = f", eager's {eager / 1e3:.0f} µs" if eager is not None else ""
+        service.fail(region, f"{R.DEMOTED}: the compiled step took {slow / 1e3:.0f} µs in an earlier "
+                             f"process{here}", "demotions")
+        return True
 
 
 __all__ = ["STEP_TIMED_CALLS", "StepSpeed"]

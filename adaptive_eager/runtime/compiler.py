@@ -495,7 +495,7 @@ class CompileService:
             return
         entry.from_disk = True
         # Note [A region checked once is trusted by the next process] (runtime/region_store.py)
-        entry.checked = entry.is_region and self.store.was_checked(key, data)
+        entry.checked = self.store.was_checked(key, data)
         transition(entry, COMPILED, fn=fn)
         clog.debug("region %s loaded from the disk cache in %.2f s%s", _short(entry.key),
                    time.perf_counter() - t0, ", checked by an earlier process" if entry.checked else "")
@@ -505,8 +505,7 @@ class CompileService:
     def passed_check(self, entry: RegionEntry) -> None:
         """``entry``'s first call passed its check: the disk cache records it for later
         processes (Note [A region checked once is trusted by the next process])."""
-        if self.store is not None and entry.disk_key is not None and entry.fn is not None \
-                and entry.is_region:
+        if self.store is not None and entry.disk_key is not None and entry.fn is not None:
             self.store.note_checked(entry.disk_key, entry.fn)
 
     def check_timeout(self, entry: RegionEntry) -> None:

@@ -159,9 +159,13 @@ _ISA_RECORD = b"the vector ISA Inductor picks passed its probe"
 # beside it (``<key> checked``), and a later process that loads the same bytes (their
 # digest matching) binds the region as checked; its first call is an ordinary one, as
 # the checking process's second call was. A record whose artifact was replaced (another
-# digest) or deleted (discard deletes both) trusts nothing. Optimizer steps keep their
-# own check (Note [The first compiled step is checked beside the program]).
+# digest) or deleted (discard deletes both) trusts nothing. A compiled optimizer step's
+# check (Note [The first compiled step is checked beside the program]) is recorded the
+# same way: the kept demo's steps 12-13 were its AdamW step's check (237 and 251 ms
+# against a 90 ms step) in every process, and a step loaded with a record runs compiled
+# from its first call.
 _CHECKED = " checked"
+_SLOW = " slower than eager"
 
 
 class RegionStore:
@@ -236,6 +240,18 @@ class RegionStore:
         """Store ``fn``'s artifact under ``key``; False when it has no bytes to save."""
         data = self._bytes(fn)
         return data is not None and self.cache.put(key, data)
+
+    # Note [A step found slower than eager stays eager in the next process] (dispatch/optim_speed.py)
+    def note_slow(self, key: str, compiled_ns: float) -> bool:
+        """Record that the optimizer step compiled under ``key`` took ``compiled_ns`` a call,
+        no faster than eager's step."""
+        return self.cache.put(key + _SLOW, b"%d" % int(compiled_ns))
+
+    def slow_ns(self, key: str) -> float | None:
+        """What a step compiled under ``key`` took a call when an earlier process found it
+        no faster than eager's (:meth:`note_slow`); None when none did."""
+        data = self.cache.get(key + _SLOW)
+        return float(data) if data and data.isdigit() else None
 
     def discard(self, key: str) -> None:
         """Delete ``key``'s artifact and the record of its check."""
