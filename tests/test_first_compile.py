@@ -142,3 +142,67 @@ def test_pattern_tables_wait_for_a_graph_they_can_match():
     assert joint_graph.lazy_init is original                  # put back
     with _patterns_deferred(product):
         assert joint_graph.lazy_init is original              # loaded as before
+
+
+def _busy_modules(tmp_path, prefix, n, ms):
+    """``n`` modules that each spend ``ms`` of CPU when imported."""
+    for i in range(n):
+        (tmp_path / f"{prefix}{i}.py").write_text(
+            "import time\n_end = time.thread_time() + %f\nwhile time.thread_time() < _end:\n    pass\n" % (ms / 1e3))
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def test_paced_imports_sleep_in_proportion_until_ready(tmp_path, monkeypatch):
+    """Note [The loader's warm-up is paced while the worker compiles]: the pacing thread's
+    imports are followed by pauses owed in proportion to their CPU (``share``), each at
+    most MAX_PAUSE_S; once ``ready()`` holds no pause is taken; other threads' imports are
+    never paused."""
+    import importlib
+    import sys
+    import threading
+    import time
+
+    from adaptive_eager.runtime.pacing import MAX_PAUSE_S, paced_imports
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = _busy_modules(tmp_path, "ae_paced_", 12, 10)
+    c0 = time.thread_time()
+    with paced_imports(lambda: False, share=0.5) as pacer:
+        for name in names:
+            importlib.import_module(name)
+    spent = time.thread_time() - c0
+    # owed: CPU x (1 - share) / share, paid at each later import; the last one's is left owed
+    assert spent - 0.03 - MAX_PAUSE_S <= pacer.paused_s <= spent + MAX_PAUSE_S, (pacer.paused_s, spent)
+    assert pacer.paused_s > 0.05
+
+    names = _busy_modules(tmp_path, "ae_ready_", 4, 10)
+    with paced_imports(lambda: True, share=0.5) as pacer:
+        for name in names:
+            importlib.import_module(name)
+    assert pacer.paused_s == 0 and pacer.done
+
+    names = _busy_modules(tmp_path, "ae_other_", 4, 10)
+    with paced_imports(lambda: False, share=0.1) as pacer:
+        t = threading.Thread(target=lambda: [importlib.import_module(n) for n in names])
+        t.start()
+        t.join()
+    assert pacer.paused_s == 0 and all(n in sys.modules for n in names)
+    assert pacer not in sys.meta_path
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="a thread's own nice value: Linux")
+def test_the_workers_isa_probe_runs_at_the_lowest_priority(monkeypatch):
+    """Note [The worker's probe runs beside its first compile]: the probe's thread (and the
+    g++ it starts) runs at nice 19, so it takes only cores no one else wants."""
+    import os
+    import threading
+
+    from adaptive_eager.runtime import inductor_setup
+
+    seen = []
+    monkeypatch.setattr(inductor_setup, "probe_picked_isa",
+                        lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())) or True)
+    probe = inductor_setup._ProbeBeside()
+    assert probe() is True
+    assert seen == [19]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) != 19  # not this thread's

@@ -46,6 +46,7 @@ import itertools
 import logging
 import os
 import pickle
+import select
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,7 @@ log = logging.getLogger("adaptive_eager")
 
 # The worker's Inductor set-up (runtime/inductor_setup.py), re-exported: the runtime and
 # the tests import these names from here.
+from .pacing import paced_imports
 from .inductor_setup import (  # noqa: F401
     THREADS_META, CHECKED_META, checked_config, ARTIFACT_BYTES, ISA_META, ISA_PROBED,
     _ISA_ENV, isa_probed, probe_picked_isa, _TRUSTED, _trusting_isa_list, VEC_ISA_ROW,
@@ -157,7 +159,8 @@ class _Worker:
             try:
                 _send(proc.stdin, (payload, path, isa_ok))
                 with abandonable():
-                    warm_loader()  # Note [The loader is warmed while the worker compiles]
+                    # Note [The loader is warmed while the worker compiles]
+                    warm_loader(lambda: _has_reply(proc.stdout))
                     status, detail = _recv(proc.stdout)
             except (OSError, EOFError, pickle.UnpicklingError) as e:
                 if self._closed:
@@ -248,6 +251,14 @@ def _send(stream: BinaryIO, obj: Any) -> None:
     stream.flush()
 
 
+def _has_reply(stream: BinaryIO) -> bool:
+    """Whether the worker wrote to ``stream`` (or closed it): a read would not wait."""
+    try:
+        return bool(select.select([stream.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):  # closed meanwhile: nothing to wait for
+        return True
+
+
 def _recv(stream: BinaryIO) -> Any:
     head = stream.read(8)
     if len(head) < 8:
@@ -301,19 +312,22 @@ _LOADER_MODULES = ("torch._inductor.standalone_compile", "torch._inductor.compil
 _LOADER_WARM: list[bool] = []  # one entry once warmed (a flag, process-wide like _WORKER)
 
 
-def warm_loader() -> None:
+def warm_loader(ready: Callable[[], bool] | None = None) -> None:
     """Pay the first artifact load's one-time set-up now (see the Note); idempotent, and
-    never raises (the load pays it instead)."""
+    never raises (the load pays it instead). ``ready``: whether the worker's reply is
+    there; until then the imports are paced (Note [The loader's warm-up is paced while the
+    worker compiles], runtime/pacing.py)."""
     if _LOADER_WARM:
         return
     _LOADER_WARM.append(True)
     import importlib  # noqa: PLC0415
 
     try:
-        for name in _LOADER_MODULES:
-            if exiting():  # the compile thread is waited for at exit (compiler.py)
-                return
-            importlib.import_module(name)
+        with paced_imports(lambda: exiting() or ready()) if ready is not None else contextlib.nullcontext():
+            for name in _LOADER_MODULES:
+                if exiting():  # the compile thread is waited for at exit (compiler.py)
+                    return
+                importlib.import_module(name)
         from torch._inductor.codecache import torch_key  # noqa: PLC0415
 
         torch_key()

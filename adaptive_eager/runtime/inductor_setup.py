@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from typing import Any, Callable, Iterator
 
@@ -211,6 +212,14 @@ def _trusting(on: bool | Callable[[], bool | None]) -> Iterator[None]:
 # ``cpp.vec_isa_ok`` unset, so Inductor's cached answer for the picked ISA is the probe's
 # and nothing is built twice; a failed probe leaves Inductor's own list (it probes every
 # ISA, as before). Nothing changes for a worker told the ISA passes (disk cache meta).
+#
+# The probe's thread runs at the lowest priority (nice 19; on Linux a thread's own, and
+# the g++ it starts inherits it): beside the worker's compile it used a third core that
+# a 2-core machine with a one-thread program does not have (sampled from /proc in the
+# demo's fresh run: program 0.5-0.9 of a core, worker 0.5-0.7, the probe's cc1plus
+# 0.5-0.8, for 3 s; the program's steps 200-300 ms wall at 160 ms of CPU). At nice 19 it
+# takes the cores no one else wants: beside the compile where a core is free, and where
+# none is, once the worker waits for its verdict, when the worker's core is idle.
 class _ProbeBeside:
     """``probe_picked_isa()`` on a thread of its own; calling the object waits for it."""
 
@@ -227,6 +236,11 @@ class _ProbeBeside:
 
     def _run(self) -> None:
         try:
+            if sys.platform.startswith("linux"):  # a thread's own nice value (see the Note)
+                try:
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                except OSError:
+                    pass
             self._verdict = probe_picked_isa()
         except Exception:  # noqa: BLE001 - no verdict: Inductor probes as before
             self._verdict = None
