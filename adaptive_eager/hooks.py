@@ -53,6 +53,9 @@ The rows, by group (``what``: where they are declared; when installed; how undon
 |               | ``valid_vec_isa_list`` (runtime/           | ISA block (a     | (tests)             |
 |               | inductor_setup.py: the picked ISA alone    | load, a compile) |                     |
 |               | inside ``trusted_vec_isa``)                |                  |                     |
+| paced         | a ``sys.meta_path`` finder and Inductor's  | the artifact     | after it            |
+|               | ``codecache.build_code_hash``, pausing the | loader's warm-up |                     |
+|               | thread being paced (runtime/pacing.py)     | (once a process) |                     |
 | neuron-sim    | storage allocation of the emulated device: | enabling the     | ``uninstall()``     |
 |               | ``_StorageBase.clone``/``.neuron``,        | emulated device  | (tests; the device  |
 |               | ``UntypedStorage.__new__``                 |                  | has no disable)     |

@@ -162,12 +162,12 @@ def test_paced_imports_sleep_in_proportion_until_ready(tmp_path, monkeypatch):
     import threading
     import time
 
-    from adaptive_eager.runtime.pacing import MAX_PAUSE_S, paced_imports
+    from adaptive_eager.runtime.pacing import MAX_PAUSE_S, paced
 
     monkeypatch.syspath_prepend(str(tmp_path))
     names = _busy_modules(tmp_path, "ae_paced_", 12, 10)
     c0 = time.thread_time()
-    with paced_imports(lambda: False, share=0.5) as pacer:
+    with paced(lambda: False, share=0.5) as pacer:
         for name in names:
             importlib.import_module(name)
     spent = time.thread_time() - c0
@@ -176,18 +176,43 @@ def test_paced_imports_sleep_in_proportion_until_ready(tmp_path, monkeypatch):
     assert pacer.paused_s > 0.05
 
     names = _busy_modules(tmp_path, "ae_ready_", 4, 10)
-    with paced_imports(lambda: True, share=0.5) as pacer:
+    with paced(lambda: True, share=0.5) as pacer:
         for name in names:
             importlib.import_module(name)
     assert pacer.paused_s == 0 and pacer.done
 
     names = _busy_modules(tmp_path, "ae_other_", 4, 10)
-    with paced_imports(lambda: False, share=0.1) as pacer:
+    with paced(lambda: False, share=0.1) as pacer:
         t = threading.Thread(target=lambda: [importlib.import_module(n) for n in names])
         t.start()
         t.join()
     assert pacer.paused_s == 0 and all(n in sys.modules for n in names)
-    assert pacer not in sys.meta_path
+    from adaptive_eager.hooks import HOOKS
+    from adaptive_eager.runtime.pacing import IMPORTS_ROW
+
+    assert not HOOKS.installed(IMPORTS_ROW)  # undone after the block
+    assert not any(type(f).__name__ == "_Finder" for f in sys.meta_path)
+
+
+def test_torch_key_hashing_is_paced_on_the_paced_thread_only(monkeypatch):
+    """Note [The loader's warm-up is paced while the worker compiles]: inside the block,
+    once codecache is imported, each package torch_key hashes is a pacing check; the row
+    is undone after the block."""
+    import torch._inductor.codecache as codecache
+
+    from adaptive_eager.hooks import HOOKS
+    from adaptive_eager.runtime import pacing
+    from adaptive_eager.runtime.pacing import paced
+
+    original = codecache.build_code_hash
+    checks = []
+    with paced(lambda: False, share=0.5) as pacer:
+        monkeypatch.setattr(pacer, "check", lambda: checks.append(1))
+        pacing.pace_hashing()
+        assert HOOKS.installed(pacing.HASH_ROW)
+        codecache.build_code_hash([__import__("os").path.dirname(pacing.__file__)], "", __import__("hashlib").sha256())
+    assert checks  # one check per package hashed
+    assert codecache.build_code_hash is original
 
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="a thread's own nice value: Linux")

@@ -62,7 +62,7 @@ log = logging.getLogger("adaptive_eager")
 
 # The worker's Inductor set-up (runtime/inductor_setup.py), re-exported: the runtime and
 # the tests import these names from here.
-from .pacing import paced_imports
+from .pacing import pace_hashing, paced
 from .inductor_setup import (  # noqa: F401
     THREADS_META, CHECKED_META, checked_config, ARTIFACT_BYTES, ISA_META, ISA_PROBED,
     _ISA_ENV, isa_probed, probe_picked_isa, _TRUSTED, _trusting_isa_list, VEC_ISA_ROW,
@@ -323,14 +323,15 @@ def warm_loader(ready: Callable[[], bool] | None = None) -> None:
     import importlib  # noqa: PLC0415
 
     try:
-        with paced_imports(lambda: exiting() or ready()) if ready is not None else contextlib.nullcontext():
+        with paced(lambda: exiting() or ready()) if ready is not None else contextlib.nullcontext():
             for name in _LOADER_MODULES:
                 if exiting():  # the compile thread is waited for at exit (compiler.py)
                     return
                 importlib.import_module(name)
-        from torch._inductor.codecache import torch_key  # noqa: PLC0415
+            from torch._inductor.codecache import torch_key  # noqa: PLC0415
 
-        torch_key()
+            pace_hashing()
+            torch_key()
     except Exception as e:  # noqa: BLE001 - an optional head start
         log.debug("adaptive_eager: warming the artifact loader failed: %s: %s", type(e).__name__, e)
 
