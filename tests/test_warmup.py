@@ -20,7 +20,7 @@ WARM = dict(backend="eager", warmup=True)
 
 
 def test_first_iteration_is_eager_and_a_read_starts_capture(monkeypatch):
-    """The program's first read ends the warm-up; the next iteration settles (Note [The
+    """The program's first read, seen again, ends the warm-up; the next iteration settles (Note [The
     first span settles]), the two after measure what its ops cost (Note [Measure before
     capturing]; twice, as the first reads dear: Note [Noise only adds: capture is
     measured twice]) and, ops being dear enough (the threshold set to 0 here), the next
@@ -33,10 +33,15 @@ def test_first_iteration_is_eager_and_a_read_starts_capture(monkeypatch):
     x = torch.randn(16)
     with ae.adaptive_eager(**WARM):
         mode = ae.session.current_mode()
-        first = (x * 2 + 1).sin()
-        first_type, parked_first = type(first), mode._parked
-        before = ae.stats()
-        value = first.sum().item()           # the end of the first iteration
+        kinds = []
+        for i in range(2):
+            first = (x * 2 + 1).sin()
+            kinds.append((type(first), mode._parked))
+            before = ae.stats()
+            # the first time a boundary, seen once: still warming; the second the same
+            # read again: the first iteration ended (Note [The first iteration ends where
+            # a boundary recurs])
+            value = first.sum().item()
         second = (x * 2 + 1).sin()           # measured: on the stack, passed through
         second_type, parked_second = type(second), mode._parked
         again = second.sum().item()
@@ -51,7 +56,7 @@ def test_first_iteration_is_eager_and_a_read_starts_capture(monkeypatch):
         fourth_type = type(fourth)
         fourth.sum().item()
         after = ae.stats()
-    assert first_type is torch.Tensor and parked_first and before.ops_captured == 0
+    assert kinds == [(torch.Tensor, True)] * 2 and before.ops_captured == 0
     assert not before.warmup_ended
     assert second_type is torch.Tensor and not parked_second
     assert third_type is measured_again is seeding is torch.Tensor and fourth_type is LazyTensor and after.ops_captured > 0
@@ -94,7 +99,9 @@ def _train(model, data, runtime: bool):
             losses.append(loss)               # read after the loop: no sync inside it
             if i == 0:
                 mode = ae.session.current_mode()
-                captured_after_first = runtime and not mode._parked  # measuring, then capture
+                parked_after_first = runtime and mode._parked
+            if i == 1:  # the same optimizer's step again: the first iteration ended
+                captured_after_first = parked_after_first and not mode._parked  # measuring, then capture
         stats = ae.stats()
     return [float(v.detach()) for v in losses], stats, captured_after_first
 
@@ -106,9 +113,10 @@ def test_optimizer_step_ends_the_warmup_and_training_equals_eager(monkeypatch):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
     ref_model = copy.deepcopy(model)
-    # 7 steps: a warm-up, a settling span, two measures (Note [Noise only adds: capture
-    # is measured twice]), a seeding span, then capture
-    data = [(torch.randn(16, 8), torch.randn(16, 1)) for _ in range(7)]
+    # 8 steps: a warm-up of two (Note [The first iteration ends where a boundary recurs]),
+    # a settling span, two measures (Note [Noise only adds: capture is measured twice]), a
+    # seeding span, then capture
+    data = [(torch.randn(16, 8), torch.randn(16, 1)) for _ in range(8)]
     ref_losses, _, plain = _train(ref_model, data, runtime=False)
     losses, stats, captured = _train(model, data, runtime=True)
     assert losses == pytest.approx(ref_losses, rel=1e-6, abs=1e-7)
@@ -119,7 +127,7 @@ def test_optimizer_step_ends_the_warmup_and_training_equals_eager(monkeypatch):
     # program's, so the warm-up lasts to the step's end.
     assert stats.warmup_ended.startswith("optimizer step at ")  # the program's opt.step() line
     assert "test_warmup.py" in stats.warmup_ended and "None" not in stats.warmup_ended
-    assert captured                           # back on the stack at the first step's end
+    assert captured                           # parked after one step, on the stack after the second
     assert stats.ops_captured > 0
 
 
@@ -141,3 +149,38 @@ def test_policy_warmup_ends_at_a_probe_when_the_program_never_syncs():
     assert answers == [False, False, False, False, True, True]
     assert not p.warming
     assert not DeferPolicy(enabled=False, warmup=True).warming
+
+
+def test_two_optimizers_warm_up_through_the_whole_first_iteration():
+    """Note [The first iteration ends where a boundary recurs]: with two optimizers (a
+    GAN's discriminator and generator steps) the first step's end is the middle of the
+    iteration; the warm-up lasts until the first optimizer steps again, so a run of one
+    iteration passes nothing through the mode, and values equal eager's."""
+    def gan(steps, ctx):
+        torch.manual_seed(0)
+        g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+        opt_d, opt_g = (torch.optim.Adam(m.parameters(), lr=1e-2) for m in (d, g))
+        ends = []
+        with ctx:
+            mode = ae.session.current_mode()
+            for _ in range(steps):
+                z = torch.randn(8, 4)
+                opt_d.zero_grad()
+                d(g(z).detach()).mean().backward()
+                opt_d.step()
+                opt_g.zero_grad()
+                (-d(g(z))).mean().backward()
+                opt_g.step()
+                ends.append(mode is not None and not mode._parked)
+        return [p.detach().clone() for p in (*g.parameters(), *d.parameters())], ends
+
+    ref, _ = gan(3, contextlib.nullcontext())
+    one, ends_one = gan(1, ae.adaptive_eager(**WARM))
+    s = ae.stats()
+    assert not s.warmup_ended and s.ops_passthrough == 0 and s.ops_captured == 0 and ends_one == [False]
+    ae.reset_stats()
+    out, ends = gan(3, ae.adaptive_eager(**WARM))
+    s = ae.stats()
+    assert s.warmup_ended.startswith("optimizer step at ") and ends[0] is False and ends[1] is True, (s.warmup_ended, ends)
+    for a, b in zip(ref, out):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

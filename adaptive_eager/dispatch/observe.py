@@ -139,7 +139,8 @@ def _read(mode: AdaptiveEagerMode, name: str, kind: str, func: Callable, args: t
         if mode.policy.warming and called_by_user(2):
             # Note [The first iteration runs eagerly]: the program's read ends it
             # (torch's own, like an optimizer reading its step count, does not).
-            end_warmup(mode, f"{R.OBSERVE}:{name.strip('_')}", user_source(2))
+            source = user_source(2)  # Note [The first iteration ends where a boundary recurs]
+            end_warmup(mode, f"{R.OBSERVE}:{name.strip('_')}", source, ("read", source))
         if type(args[0]) is not LazyTensor and kind == "convert":
             # Parked: nothing is pending and no mode of ours is on a stack, so a plain
             # tensor converts as it is (the other reads below find nothing to flush).

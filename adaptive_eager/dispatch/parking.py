@@ -232,9 +232,11 @@ def import_dynamo() -> None:
         _PARK_LOG.debug("adaptive_eager: importing torch._dynamo failed", exc_info=True)
 
 
-def end_warmup(mode: Any, why: str, source: str | None) -> None:
-    """The program's first iteration ended (Note [The first iteration runs eagerly])."""
-    if mode.policy.feed(WarmupEnded(why)):
+def end_warmup(mode: Any, why: str, source: str | None, boundary: Any = None) -> None:
+    """The program's first iteration ended (Note [The first iteration runs eagerly]), if
+    ``boundary`` (an optimizer step, a read's line) was seen before (Note [The first
+    iteration ends where a boundary recurs], runtime/adapt.py); None: ended now."""
+    if mode.policy.feed(WarmupEnded(why, boundary)):
         if source is None:
             source = user_source(2)  # e.g. the program's opt.step() line
         mode.counters.warmup_ended = f"{why} at {source}"
@@ -431,7 +433,8 @@ class SafePoints:
         # Note [Counting while passing through] (runtime/counters.py)
         seen(mode, False)
         if mode.policy.warming:
-            end_warmup(mode, "optimizer step", None)  # Note [The first iteration runs eagerly]
+            # Note [The first iteration runs eagerly], [The first iteration ends where a boundary recurs]
+            end_warmup(mode, "optimizer step", None, ("step", id(opt)))
         elif not mode._parked and len(mode.recorder):
             # Note [Optimizer steps end windows]
             # A program that reads nothing every step (loss read every N steps) has its

@@ -128,10 +128,12 @@ class DeferPolicy:
         # capture starts where the program's iterations begin: its first read of a value
         # (``loss.item()``, print, in the program's own code: torch's reads, like AdamW's
         # of its step count, do not count; the owner feeds WarmupEnded) or the end of its
-        # first optimizer step (a safe point). A program that does neither starts capturing
+        # first optimizer step (a safe point), each at its second sighting (Note [The first
+        # iteration ends where a boundary recurs]). A program that does neither starts capturing
         # at the first probe (``probe_every`` calls' worth of safe points). Its first
         # iteration then costs what eager's does, with no capture and no compile.
         self.phase = _WARMING if enabled and warmup else _CAPTURING
+        self._boundaries: set = set()  # Note [The first iteration ends where a boundary recurs]
         self._in_flight = in_flight  # a gauge (compiles in flight), not a statistic
         self.patience = patience
         self.probe_every = probe_every
@@ -229,7 +231,7 @@ class DeferPolicy:
         elif kind is Verdict:
             self.note(event)
         elif kind is WarmupEnded:
-            return self.end_warmup()
+            return self.end_warmup(event.boundary)
         else:
             raise TypeError(f"DeferPolicy.feed: not an event: {event!r}")
         return None
@@ -444,9 +446,26 @@ class DeferPolicy:
             self.seeding = False
 
     # -- warm-up, measures, stops ----------------------------------------------------------
-    def end_warmup(self) -> bool:
-        """Start capturing (Note [The first iteration runs eagerly]); True if warming."""
+    # Note [The first iteration ends where a boundary recurs]
+    # The warm-up ended at the program's first read or the end of its first optimizer step,
+    # taken as the end of its first iteration. In a program with two optimizers (a GAN: the
+    # discriminator's step, then the generator's) or a read in the middle of its iteration
+    # (regression's ``loss = output.item()`` before its backward), that is the middle of the
+    # first iteration, and the rest of it was measured (every op timed on the stack, ~20 µs
+    # an op against ~3 eagerly): a one-iteration run of the GAN pattern cost 1.8x eager's,
+    # regression's 1.9x (``python -m benchmarks.patterns``, ``first``). An iteration ends
+    # where it begins again: so the warm-up ends at the second sighting of one boundary, the
+    # same optimizer's step ending again or a read at the same line of the program again;
+    # the first sighting of each is only noted. A program that runs its loop once runs it
+    # all eagerly; one that loops runs its first iteration and the start of its second (up
+    # to the recurring boundary) eagerly, then measures.
+    def end_warmup(self, boundary: Any = None) -> bool:
+        """Start capturing (Note [The first iteration runs eagerly]) at the second sighting
+        of ``boundary`` (any sighting when None); True if the warm-up ended now."""
         if self.phase is not _WARMING:
+            return False
+        if boundary is not None and boundary not in self._boundaries:
+            self._boundaries.add(boundary)
             return False
         self._calls = 0
         self._capture_or_measure("the warm-up ended")

@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Phase(enum.Enum):
@@ -100,10 +100,12 @@ class Moved(NamedTuple):
 
 
 class WarmupEnded(NamedTuple):
-    """The program's first iteration ended (its first read, or its first optimizer step);
-    ``why``: which, for logs (the report's phase names it too)."""
+    """A boundary of the program's iterations (a read, an optimizer step's end); ``why``:
+    which, for logs (the report's phase names it too); ``boundary``: its identity, the
+    warm-up ends at its second sighting (None: at this one)."""
 
     why: str
+    boundary: Any = None
 
 
 class Act(enum.Enum):
