@@ -159,7 +159,7 @@ class StepCompiler:
         while its own compile is pending: Note [A step waiting for its compile is not
         captured])."""
         mark = thread_mark(mode)
-        ran = self._step(opt, mode, args, kwargs)
+        ran = self._step(opt, mode, args, kwargs, mark)
         if ran is _WAITS:
             self.passes_through(opt, mode)
         elif not ran:
@@ -197,9 +197,10 @@ class StepCompiler:
         if not mode._parked and self.switch_foreach is not None:
             self.switch_foreach(opt)
 
-    def _step(self, opt: Any, mode: Any, args: tuple, kwargs: dict) -> bool | str:
+    def _step(self, opt: Any, mode: Any, args: tuple, kwargs: dict, mark: tuple) -> bool | str:
         """Run ``opt``'s step compiled if it can; whether it did (_WAITS: it runs eagerly,
-        passed through, while its compile is pending or checked)."""
+        passed through, while its compile is pending or checked). ``mark``: where the step
+        began (``thread_mark``)."""
         if not mode.options.optimizer_step:
             return False
         cls = type(opt).__name__
@@ -208,9 +209,19 @@ class StepCompiler:
         if why is not None:
             _note(counters, cls, "eager: " + why)
             return False
-        service = mode.executor.compiler
+        # Note [A cheap step does not build the compile pipeline]
+        # A session's executor is built at its first window (Note [The compiled executor is
+        # built at the first window], runtime/deferred.py), and asking it for its compile
+        # service built it: a parked program's first optimizer step imported the compile
+        # pipeline and made a CompileService it never used (~10 ms), and every later step
+        # went through the deferred executor's ``__getattr__``. Nothing of the service is
+        # needed while a step is cheaper than a compile and no trace of it exists: no
+        # window of the session compiled (its table is empty) and no artifact of the
+        # session's was loaded, so the threshold's look-up of saved steps waits for it.
+        executor = mode.executor
+        service = executor.compiler if getattr(executor, "built", True) else None
         known = self._known.get(opt)
-        got = known[0].check(opt) if known is not None and known[2] is service else None
+        got = known[0].check(opt) if known is not None and service is not None and known[2] is service else None
         entry = scalars = steps = None
         if got is not None:  # Note [A known step is re-checked, not re-gathered]
             entry = known[1]
@@ -224,9 +235,11 @@ class StepCompiler:
             if scalars is None:
                 entry = None
         if entry is None and known is None and \
-                self._threshold.cheap(opt, mode, service, lambda g: self._compiled(g, service)):
+                self._threshold.cheap(opt, mode, service, lambda g: self._compiled(g, service), mark):
             _note(counters, cls, "eager: " + Why.CHEAP)
             return _WAITS  # Note [A step waiting for its compile is not captured]
+        if service is None:
+            service = executor.compiler
         if entry is None:
             got = gather(opt, _PLAIN)
             if isinstance(got, str):
@@ -599,6 +612,9 @@ def _pre_hook(opt: Any, args: tuple, kwargs: dict) -> None:
 
 
 def _post_hook(opt: Any, args: tuple, kwargs: dict) -> None:
+    stack = STEPS.thread_stack
+    if (stack is None or not stack()) and not getattr(STEPS._tls, "groups", None):
+        return  # no runtime in this thread (its pre-hook did nothing) and no groups held
     STEPS.after_step(opt)
 
 

@@ -164,14 +164,17 @@ class CostThreshold:
         self._looked_up: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
         self._steps: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # timed
 
-    def cheap(self, opt: Any, mode: Any, service: Any, compiled_here: Callable[[Gathered], bool]) -> bool:
+    def cheap(self, opt: Any, mode: Any, service: Any, compiled_here: Callable[[Gathered], bool],
+              mark: tuple | None = None) -> bool:
         """Whether ``opt``'s steps have cost less than the threshold so far (this step is
-        then timed, to :meth:`charge`); a step compiled in this session already
-        (``compiled_here``) or saved before skips it."""
+        then timed from ``mark``, default now, to :meth:`charge`); a step compiled in this
+        session already (``compiled_here``) or saved before skips it (looked up once there
+        is a compile ``service``: Note [A cheap step does not build the compile pipeline],
+        optim_compile.py)."""
         after_ns = mode.options.optimizer_step_after_ms * 1e6
         if self._spent.get(opt, 0) >= after_ns:
             return False
-        if opt.state and opt not in self._looked_up:  # once, from its first step with state
+        if opt.state and service is not None and opt not in self._looked_up:  # once, from its first step with state
             self._looked_up[opt] = True
             got = gather(opt, self.plain)
             if not isinstance(got, str) and (compiled_here(got) or saved_before(getattr(service, "store", None), got)):
@@ -179,7 +182,7 @@ class CostThreshold:
                 with mode.counters.lock:
                     mode.counters.optimizer_step_kinds[f"{type(opt).__name__}|saved before: no threshold"] += 1
                 return False
-        self._started[opt] = thread_mark(mode)
+        self._started[opt] = mark if mark is not None else thread_mark(mode)
         return True
 
     def charge(self, opt: Any) -> None:
