@@ -215,19 +215,22 @@ def test_torch_key_hashing_is_paced_on_the_paced_thread_only(monkeypatch):
     assert codecache.build_code_hash is original
 
 
-@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="a thread's own nice value: Linux")
-def test_the_workers_isa_probe_runs_at_the_lowest_priority(monkeypatch):
-    """Note [The worker's probe runs beside its first compile]: the probe's thread (and the
-    g++ it starts) runs at nice 19, so it takes only cores no one else wants."""
+def test_the_workers_isa_probe_runs_beside_only_with_a_core_free(monkeypatch):
+    """Note [The worker's probe runs beside its first compile]: beside the compile (a
+    thread of its own) only when the cores outnumber the program's threads by two (the
+    worker's core and the probe's); otherwise it runs at once on the calling thread."""
     import os
     import threading
 
     from adaptive_eager.runtime import inductor_setup
 
-    seen = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)), raising=False)
+    assert not inductor_setup.probe_beside(1) and inductor_setup.probe_beside(0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert inductor_setup.probe_beside(6) and not inductor_setup.probe_beside(7)
+    where = []
     monkeypatch.setattr(inductor_setup, "probe_picked_isa",
-                        lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())) or True)
-    probe = inductor_setup._ProbeBeside()
-    assert probe() is True
-    assert seen == [19]
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) != 19  # not this thread's
+                        lambda: where.append(threading.current_thread().name) or True)
+    assert inductor_setup._ProbeBeside(beside=False)() is True
+    assert inductor_setup._ProbeBeside(beside=True)() is True
+    assert where == [threading.current_thread().name, "adaptive_eager-isa-probe"], where

@@ -67,7 +67,7 @@ from .inductor_setup import (  # noqa: F401
     THREADS_META, CHECKED_META, checked_config, ARTIFACT_BYTES, ISA_META, ISA_PROBED,
     _ISA_ENV, isa_probed, probe_picked_isa, _TRUSTED, _trusting_isa_list, VEC_ISA_ROW,
     trusted_vec_isa, _trusting, _ProbeBeside, _PATTERN_ANCHORS, _may_match_patterns,
-    _patterns_deferred,
+    _patterns_deferred, probe_beside,
 )
 
 
@@ -157,7 +157,7 @@ class _Worker:
             assert self._dir is not None
             path = os.path.join(self._dir, f"{next(self._jobs)}.bin")
             try:
-                _send(proc.stdin, (payload, path, isa_ok))
+                _send(proc.stdin, (payload, path, isa_ok, probe_beside(threads)))
                 with abandonable():
                     # Note [The loader is warmed while the worker compiles]
                     warm_loader(lambda: _has_reply(proc.stdout))
@@ -363,13 +363,13 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process
 
     while True:
         try:
-            payload, path, isa_ok = _recv(inp)
+            payload, path, isa_ok, beside = _recv(inp)
         except EOFError:
             return
         # Note [Only the picked vector ISA is probed], probed beside the compile's start
         # (Note [The worker's probe runs beside its first compile]): before the graph is
         # unpickled, which imports most of Inductor
-        verdict = None if isa_ok else _ProbeBeside()
+        verdict = None if isa_ok else _ProbeBeside(beside)
         try:
             from torch._inductor import standalone_compile  # noqa: PLC0415 - beside the probe
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from typing import Any, Callable, Iterator
 
@@ -213,19 +212,37 @@ def _trusting(on: bool | Callable[[], bool | None]) -> Iterator[None]:
 # and nothing is built twice; a failed probe leaves Inductor's own list (it probes every
 # ISA, as before). Nothing changes for a worker told the ISA passes (disk cache meta).
 #
-# The probe's thread runs at the lowest priority (nice 19; on Linux a thread's own, and
-# the g++ it starts inherits it): beside the worker's compile it used a third core that
-# a 2-core machine with a one-thread program does not have (sampled from /proc in the
-# demo's fresh run: program 0.5-0.9 of a core, worker 0.5-0.7, the probe's cc1plus
-# 0.5-0.8, for 3 s; the program's steps 200-300 ms wall at 160 ms of CPU). At nice 19 it
-# takes the cores no one else wants: beside the compile where a core is free, and where
-# none is, once the worker waits for its verdict, when the worker's core is idle.
-class _ProbeBeside:
-    """``probe_picked_isa()`` on a thread of its own; calling the object waits for it."""
+# Beside, only where a core is free for it: the worker compiles on one core and the
+# program's intra-op threads take theirs, so the probe runs beside the compile only when
+# the cores this process may use outnumber the program's threads by two; otherwise it
+# runs first, on the worker's own core. Beside on a 2-core machine with a one-thread
+# program it took a third core (sampled from /proc in the demo's fresh run: program
+# 0.5-0.9 of a core, worker 0.5-0.7, the probe's cc1plus 0.5-0.8, for 3 s; the program's
+# steps 200-300 ms wall at 160 ms of CPU). At nice 19 instead it starved where the
+# program's threads kept both cores busy (OpenMP threads spin): the AdamW benchmark, two
+# threads on two cores, never got its compiled step within the run (0% of steps compiled,
+# 0.83x eager, from 100%).
+def probe_beside(threads: int) -> bool:
+    """Whether the worker's probe may run beside its compile: a core free for it, past the
+    worker's own and the program's ``threads`` (Note [The worker's probe runs beside its
+    first compile])."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return cores >= threads + 2
 
-    def __init__(self) -> None:
+
+class _ProbeBeside:
+    """``probe_picked_isa()`` on a thread of its own (``beside``; else now); calling the
+    object waits for it."""
+
+    def __init__(self, beside: bool = True) -> None:
         self._verdict: bool | None = None
         self._done = threading.Event()
+        if not beside:  # no core free for it (see the Note): now, on this thread
+            self._run()
+            return
         try:
             from torch._inductor import codecache, cpp_builder, cpu_vec_isa  # noqa: F401, PLC0415
             from torch.utils import _filelock  # noqa: F401, PLC0415
@@ -236,11 +253,6 @@ class _ProbeBeside:
 
     def _run(self) -> None:
         try:
-            if sys.platform.startswith("linux"):  # a thread's own nice value (see the Note)
-                try:
-                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-                except OSError:
-                    pass
             self._verdict = probe_picked_isa()
         except Exception:  # noqa: BLE001 - no verdict: Inductor probes as before
             self._verdict = None
