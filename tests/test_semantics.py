@@ -734,3 +734,26 @@ def test_attention_without_dropout_fuses_with_its_neighbours():
             torch.testing.assert_close(y, ref)
         stats = ae.stats()
     assert stats.ops_fused >= 3 and "random" not in str(stats.fallback_reasons)
+
+
+def test_tensor_from_data_with_handles_numbers_and_nesting():
+    """Note [Lists of numbers are scanned in C] (dispatch/direct.py): ``torch.tensor`` of
+    lists holding handles (at any depth, after numbers) reads their values; lists of
+    plain numbers are taken as they are; values equal eager's."""
+    def program():
+        x = torch.arange(6.0)
+        y = x * 2 + 1
+        kinds.append(type(y))
+        a = torch.tensor([1.0, 2, True, y.sum(), 3])
+        b = torch.tensor([[1, 2.5], [y[4], 4.0]])
+        c = torch.tensor(list(range(300)))
+        d = torch.tensor(([0.5] * 50, [y[1]] * 50))
+        return a, b, c, d
+
+    kinds = []
+    ref = program()
+    with ae.adaptive_eager(backend="eager"):
+        got = program()
+    assert kinds == [torch.Tensor, LazyTensor]  # a handle under the runtime
+    for r, g in zip(ref, got):
+        assert torch.equal(r, g), (r, g)
