@@ -30,21 +30,20 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..runtime.backends import is_debugging
-from ..runtime.cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
+from ..runtime.cache import COLD, COMPILED, COMPILING, EAGER_ONLY
 from ..runtime.checks import close
-from ..runtime.compile_worker import CHECKED_META, THREADS_META
 from ..runtime.first_call import CompiledCodeWroteInput, on_host
 from ..runtime.optim_fast import KnownStep
 from .optim_speed import STEP_TIMED_CALLS, StepSpeed  # noqa: F401 - re-exported
-from .optim_threshold import CostThreshold, note_trace, thread_mark
+from .optim_threshold import CostThreshold, thread_mark
 from .optim_inputs import GRAIN_SIZE, example as _example, kernel_threads  # noqa: F401 - re-exported
 from ..runtime.step_check import WROTE_READ_ONLY, BesideCheck, written_inputs
-from ..runtime.optim_graph import (NotTraceable, lerp_for_compiler, StateNotReady, StepProgram, gather, step_values,
-                                   trace_step)
+from ..runtime.optim_graph import (StepProgram, gather, step_values)
 from ..reasons import R
 from .lazy import LazyTensor
 from .optim import FOREACH_EQUAL
-from .optim_records import _WAITS, MAX_PROGRAMS, Why, _Entry
+from .optim_records import _WAITS, MAX_PROGRAMS, Why, _Entry, _note
+from .optim_trace import submit_compile, trace_signature
 from .optim_waiting import WaitingSteps
 from .source import user_source
 
@@ -254,7 +253,7 @@ class StepCompiler:
         self._take_verdict(entry, service, counters)  # Note [The first compiled step is checked beside the program]
         if entry.build is not None and region.state != COMPILING:
             if region.state == COLD:  # a disk load that did not load: compile it
-                self._submit(entry, service, counters)
+                submit_compile(entry, service, counters)
             entry.build = None  # the example inputs are the program's tensors: let go
         if region.state == COMPILING:
             service.check_timeout(region)
@@ -299,7 +298,7 @@ class StepCompiler:
         if entries is not None and len(entries) >= MAX_PROGRAMS:
             _note(counters, cls, "eager: " + Why.TOO_MANY)
         else:
-            self._trace(opt, got, service, table, counters, cls, backend)
+            trace_signature(opt, got, service, table, counters, cls, backend, self._speed)
         return None, None, None
 
     def _call_via_host(self, entry: Any, service: Any, inputs: list, rest: list, counters: Any,
@@ -407,87 +406,6 @@ class StepCompiler:
                 t = self._by_service[service] = cachetools.LRUCache(MAX_SIGNATURES)
             return t
 
-    def _trace(self, opt: Any, got: Any, service: Any, table: Any, counters: Any, cls: str,
-               backend: Any) -> None:
-        """Trace a new signature (or another branch of one) and queue its compile; this
-        step runs eagerly."""
-        try:
-            # off the mode stack: a tensor the step makes (AdamW's ``torch.tensor(1.0)`` for
-            # its CPU step counters) becomes a constant of the program, and a captured one
-            # would be a handle, which the compile worker cannot take (the compile then ran
-            # in-process and loaded Inductor's compiler into the program: +115 MiB resident)
-            with _disable_current_modes():
-                program = trace_step(opt, got)
-        except StateNotReady:
-            _note(counters, cls, "eager: " + Why.STATE)
-            return
-        except NotTraceable as e:
-            table.setdefault(got.key, []).append(_Entry(cls, None, None, str(e)))
-            _note(counters, cls, "signatures")
-            _note(counters, cls, f"eager: {Why.FAILED}: {e}")
-            return
-        except Exception as e:  # noqa: BLE001 - a failure inside the runtime: eager
-            log.debug("adaptive_eager: tracing %s's step failed", cls, exc_info=True)
-            table.setdefault(got.key, []).append(_Entry(cls, None, None, f"trace failed: {type(e).__name__}: {e}"))
-            _note(counters, cls, f"eager: {Why.FAILED}: trace failed")
-            return
-        # Note [Compiled steps in the persistent cache]
-        # The region key is spelled the same in every process (region_store.stable_text):
-        # the class by name, the rest of the signature (option names and values, tensor
-        # specs, state layout) and the traced graph's code, which fixes the artifact's
-        # calling convention (inputs, constants, lifted scalars); the store adds torch's
-        # version, the backend and the kernel's thread count. A trace whose artifact an
-        # earlier process saved loads it instead of compiling, and its first call is
-        # checked like a compiled one's (verify_compiled).
-        cls_name = f"{type(opt).__module__}.{type(opt).__qualname__}"
-        region = RegionEntry(("optimizer", cls_name, got.key[1:], len(table.get(got.key) or ()),
-                              program.gm.code), is_region=False)
-        entry = _Entry(cls, program, region)
-        table.setdefault(got.key, []).append(entry)
-        _note(counters, cls, "signatures")
-        steps = step_values(program, got.inputs) or []
-        with _disable_current_modes():  # real example tensors (a pending handle: its specs)
-            device = getattr(service.compile_fn, "examples_device", None)
-            example = [_example(t, j in got.grads, device) for j, t in enumerate(got.inputs)] + \
-                list(program.consts) + \
-                (program.scalars(got.hyper, steps) or [])
-        entry.build = (example, kernel_threads(got.inputs), is_debugging(backend))
-        if service.from_disk(region, entry.build[1]):
-            _note(counters, cls, "loads from disk")
-        elif region.state == COLD and not entry.build[2] and self._speed.found_slow(opt, region, service):
-            entry.build = None  # Note [A step found slower than eager stays eager in the next process]
-            _note(counters, cls, f"eager: {Why.FAILED}: {region.reason}")
-            return
-        # Note [A saved step skips the cost threshold]
-        note_trace(getattr(service, "store", None), got, region.disk_key)
-        if region.state == COLD:  # nothing saved, or an entry that did not load
-            self._submit(entry, service, counters)
-        _note(counters, cls, "eager: " + (Why.COMPILING if region.state == COMPILING else
-                                            f"{Why.FAILED}: {region.reason}" if region.state == EAGER_ONLY
-                                            else "traced"))
-
-    def _submit(self, entry: _Entry, service: Any, counters: Any) -> None:
-        """Queue ``entry``'s compile (the build its trace left)."""
-        if service.held():  # Note [No compile starts at a fork or at exit]: the trace
-            return          # stays for a later step
-        cls, program, region = entry.cls, entry.program, entry.region
-        example, threads, exact = entry.build
-        entry.build = None
-        if not service.take_fuel():
-            service.fail(region, f"{R.COMPILE_FAILED}: out of fuel")
-            return
-        _note(counters, cls, "compiles")
-
-        def build() -> tuple:
-            gm = program.gm if exact else lerp_for_compiler(program.gm)
-            if threads is not None:
-                gm.meta[THREADS_META] = threads
-            # Note [A checked step skips Inductor's size asserts] (runtime/inductor_setup.py)
-            gm.meta[CHECKED_META] = True
-            return gm, example
-
-        service.submit(region, build)
-
     def _run(self, opt: Any, mode: Any, entry: _Entry, got: Any, scalars: list, service: Any,
              counters: Any, cls: str) -> bool | str:
         depth = torch._C._len_torch_dispatch_stack()
@@ -592,11 +510,6 @@ def _here(a: Any, b: torch.Tensor) -> torch.Tensor:
 
 
 _set_versions = torch._C._autograd._unsafe_set_version_counter
-
-
-def _note(counters: Any, cls: str, what: str) -> None:
-    with counters.lock:
-        counters.optimizer_step_kinds[f"{cls}|{what}"] += 1
 
 
 def _pre_hook(opt: Any, args: tuple, kwargs: dict) -> None:

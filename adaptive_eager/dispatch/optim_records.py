@@ -52,4 +52,9 @@ class _Entry:
         self.verdict: Any = None  # the first compiled call's check, beside the program (a Future)
 
 
+def _note(counters: Any, cls: str, what: str) -> None:
+    with counters.lock:
+        counters.optimizer_step_kinds[f"{cls}|{what}"] += 1
+
+
 __all__ = ["MAX_PROGRAMS", "Why"]
