@@ -210,7 +210,9 @@ def _checked_a_step_later(bump: bool) -> tuple:
     from adaptive_eager.runtime import step_check
     class Entry:  # the optimizer's trace, as far as the check reads it
         program = SimpleNamespace(gm=make_fx(lambda p, g: (p.add_(g),))(torch.ones(2), torch.ones(2)))
-        checked = False
+
+        def __init__(self):
+            self.region = SimpleNamespace(checked=False)
 
     entry = Entry()
     made_on: list = []
@@ -267,7 +269,7 @@ def test_no_copies_the_step_before_while_its_writes_are_still_captured():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(lambda p, g: (p.add_(g),))(torch.ones(2), torch.ones(2))
-    entry = SimpleNamespace(program=SimpleNamespace(gm=gm), checked=False)
+    entry = SimpleNamespace(program=SimpleNamespace(gm=gm), region=SimpleNamespace(checked=False))
     opt = O.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     p, g = torch.randn(1000), torch.randn(1000)
     before = torch.get_num_threads()

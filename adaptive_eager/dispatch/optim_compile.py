@@ -437,10 +437,12 @@ class StepCompiler:
             _note(counters, cls, "eager: unbound handle")
             return False
         rest = list(entry.program.consts) + scalars
-        if not entry.checked and not entry.region.checked:  # the latter: checked by an earlier process
+        # region.checked: its first call checked here, or by an earlier process (Note [A
+        # region checked once is trusted by the next process], runtime/region_store.py)
+        if not entry.region.checked:
             if mode.options.verify_compiled and self._beside.later(opt, entry, inputs, lambda: len(mode.recorder)):
                 return _note(counters, cls, "eager: " + Why.VERIFYING) or _WAITS
-            entry.checked = True
+            entry.region.checked = True
             if mode.options.verify_compiled:
                 # Note [The optimizer step as one compiled unit]: the first call runs on
                 # copies; torch's body runs on the real tensors this once, after_step compares

@@ -43,11 +43,11 @@ class Why:
 class _Entry:
     """One trace of a signature: its program and the compile service's entry."""
 
-    __slots__ = ("program", "region", "reason", "checked", "cls", "build", "verdict")
+    __slots__ = ("program", "region", "reason", "cls", "build", "verdict")
 
     def __init__(self, cls: str, program: StepProgram | None, region: RegionEntry | None,
                  reason: str = ""):
-        self.cls, self.program, self.region, self.reason, self.checked = cls, program, region, reason, False
+        self.cls, self.program, self.region, self.reason = cls, program, region, reason
         self.build: tuple | None = None  # (example inputs, kernel threads, exact) while a load may need a compile
         self.verdict: Any = None  # the first compiled call's check, beside the program (a Future)
 

@@ -165,9 +165,9 @@ class CostThreshold:
         self._steps: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # timed
 
     def cheap(self, opt: Any, mode: Any, service: Any, compiled_here: Callable[[Gathered], bool],
-              mark: tuple | None = None) -> bool:
+              mark: tuple) -> bool:
         """Whether ``opt``'s steps have cost less than the threshold so far (this step is
-        then timed from ``mark``, default now, to :meth:`charge`); a step compiled in this
+        then timed from ``mark``, :func:`thread_mark`'s, to :meth:`charge`); a step compiled in this
         session already (``compiled_here``) or saved before skips it (looked up once there
         is a compile ``service``: Note [A cheap step does not build the compile pipeline],
         optim_compile.py)."""
@@ -182,7 +182,7 @@ class CostThreshold:
                 with mode.counters.lock:
                     mode.counters.optimizer_step_kinds[f"{type(opt).__name__}|saved before: no threshold"] += 1
                 return False
-        self._started[opt] = mark if mark is not None else thread_mark(mode)
+        self._started[opt] = mark
         return True
 
     def charge(self, opt: Any) -> None:

@@ -114,7 +114,7 @@ class BesideCheck:
 
     def later(self, opt: Any, entry: Any, inputs: Sequence[Any], pending: Callable[[], int]) -> bool:
         """Whether ``opt``'s first compiled step (``entry``: the optimizer's trace, with its
-        ``program.gm`` and ``checked``) is better checked at the next step: true once per
+        ``program.gm`` and ``region.checked``) is better checked at the next step: true once per
         entry, when the check runs beside the program; the copies of what the step writes
         (``inputs`` at :func:`written_inputs`) then start at this step's end
         (:meth:`stepped`), unless ``pending()`` (captured ops not run yet) says the step's
@@ -132,7 +132,7 @@ class BesideCheck:
         (copies made at its previous step's end and not used are let go)."""
         self._pre.pop(opt, None)
         entry, inputs, pending = self._watched.pop(opt, (None, None, None))
-        if entry is None or entry.checked or pending():  # the step's writes not run yet
+        if entry is None or entry.region.checked or pending():  # the step's writes not run yet
             return
         only = sorted(written_inputs(entry.program.gm))
         tensors = [inputs[i] for i in only]
