@@ -270,6 +270,12 @@ _SPECS: dict[str, _Spec] = {
     ),
     "compile_after": _Spec(2, _int_parser(1), "times a region is seen before it is compiled"),
     "async_compile": _Spec(True, _parse_bool, "compile in a background thread (never stall the program)"),
+    "pace_compiles": _Spec(
+        True, _parse_bool,
+        "while a compile is in flight and the program's threads fill the cores, run the compile "
+        "worker in slices (10 ms of every 30): the program's steps slow ~1.2x instead of 2.5-3x, "
+        "and the compile lands 4-6x later (off: it runs at full speed)",
+    ),
     "cache_size": _Spec(512, _int_parser(1), "compiled regions kept (LRU)"),
     "cache_dir": _Spec(
         "auto", _parse_str,
@@ -341,6 +347,7 @@ class Options:
     window_bytes: int = _SPECS["window_bytes"].default
     compile_after: int = _SPECS["compile_after"].default
     async_compile: bool = _SPECS["async_compile"].default
+    pace_compiles: bool = _SPECS["pace_compiles"].default
     cache_size: int = _SPECS["cache_size"].default
     cache_dir: str = _SPECS["cache_dir"].default
     cache_max_mb: int = _SPECS["cache_max_mb"].default

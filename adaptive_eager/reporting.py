@@ -247,6 +247,10 @@ def format_time(s: Stats) -> list[str]:
         out.append(f"  {'compile latency':<17}{_secs(s.compile_latency_s)}  queued -> ready, "
                    f"{_plural(s.regions_compiled, 'compile')} (longest {s.compile_latency_max_s:.1f} s), "
                    "beside the program")
+    if s.compile_paused_s:
+        out += _wrap(f"the compile worker was held stopped for {s.compile_paused_s:.1f} s of its "
+                     "compiles, so the program's threads kept the cores (a compile lands later, "
+                     "the program's steps slow less)", f"  {'worker paused':<17}")
     if s.compared_windows:
         n = s.compared_windows
         out += _wrap(f"estimated on {_plural(n, 'window')} that ran compiled regions: "

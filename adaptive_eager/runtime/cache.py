@@ -35,6 +35,7 @@ class RegionEntry:
     fn: Callable[..., Any] | None = None
     reason: str = ""                 # why eager-only
     submitted_at: float = 0.0
+    submitted_paused: float = 0.0    # the compile service's paused() then (its timeout's clock)
     checked: bool = False            # first compiled call verified
     eager_ns: list[int] = field(default_factory=list)
     compiled_ns: list[int] = field(default_factory=list)

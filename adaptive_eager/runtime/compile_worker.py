@@ -63,12 +63,19 @@ log = logging.getLogger("adaptive_eager")
 # The worker's Inductor set-up (runtime/inductor_setup.py), re-exported: the runtime and
 # the tests import these names from here.
 from .pacing import pace_hashing, paced
+from .worker_pacing import WorkerPacer, contended, usable_cores
 from .inductor_setup import (  # noqa: F401
     THREADS_META, CHECKED_META, checked_config, ARTIFACT_BYTES, ISA_META, ISA_PROBED,
     _ISA_ENV, isa_probed, probe_picked_isa, _TRUSTED, _trusting_isa_list, VEC_ISA_ROW,
     trusted_vec_isa, _trusting, _ProbeBeside, _PATTERN_ANCHORS, _may_match_patterns,
     _patterns_deferred, probe_beside,
 )
+
+# gm.meta: the program's intra-op thread count when it runs on while this compile is in
+# flight (an asynchronous service; else 0): the worker is paced where those threads fill
+# the cores (Note [The worker runs in slices while the program fills the cores],
+# runtime/worker_pacing.py)
+PACED_META = "adaptive_eager_paced"
 
 
 
@@ -114,6 +121,13 @@ class _Worker:
         self._broken: str | None = None
         self._closed = False
         self._jobs = itertools.count()  # artifact file names
+        self._pacer: WorkerPacer | None = None  # the running worker's
+        self._paused_s = 0.0  # held paused by earlier workers' pacers
+
+    def paused_s(self) -> float:
+        """Seconds the worker was held stopped while compiling, in this process."""
+        pacer = self._pacer
+        return self._paused_s + (pacer.paused_s if pacer is not None and self._pid == os.getpid() else 0.0)
 
     def _start(self) -> subprocess.Popen:
         if self._proc is not None and self._pid == os.getpid() and self._proc.poll() is None:
@@ -131,12 +145,21 @@ class _Worker:
                 # program asked for this runtime's debug log.
                 stderr=None if log.isEnabledFor(logging.DEBUG) else subprocess.DEVNULL,
                 env=env, close_fds=True,
+                # its own process group, which the pacer stops and continues whole (the
+                # worker and the compiler it runs), and which a terminal's ^C does not
+                # reach: the program decides what an interrupt abandons
+                process_group=0,
             )
         except OSError as e:
             self._broken = f"cannot start the compile worker: {e}"
             raise WorkerUnavailable(self._broken) from e
         if self._pid != os.getpid() or self._dir is None:  # Note [The artifacts' folder goes at exit]
             self._dir = tempfile.mkdtemp(prefix="adaptive_eager-artifacts-")
+        if self._pid != os.getpid():
+            self._paused_s, self._pacer = 0.0, None  # a forked child's account starts at 0
+        elif self._pacer is not None:
+            self._paused_s += self._pacer.paused_s
+        self._pacer = WorkerPacer(self._proc.pid, usable_cores())
         self._pid = os.getpid()
         return self._proc
 
@@ -158,7 +181,9 @@ class _Worker:
             path = os.path.join(self._dir, f"{next(self._jobs)}.bin")
             try:
                 _send(proc.stdin, (payload, path, isa_ok, probe_beside(threads)))
-                with abandonable():
+                program_threads = gm.meta.get(PACED_META) or 0
+                paced = program_threads > 0 and contended(program_threads) and self._pacer is not None
+                with abandonable(), self._pacer.pacing() if paced else contextlib.nullcontext():
                     # Note [The loader is warmed while the worker compiles]
                     warm_loader(lambda: _has_reply(proc.stdout))
                     status, detail = _recv(proc.stdout)
@@ -238,6 +263,13 @@ def close() -> None:
     """Kill the worker at interpreter exit (idempotent): a compile waiting on it sees
     :class:`Exiting` at once."""
     _WORKER.close()
+
+
+def paused_s() -> float:
+    """Seconds this process's compile worker was held stopped while compiling (Note [The
+    worker runs in slices while the program fills the cores]): time a compile's timeout
+    does not count."""
+    return _WORKER.paused_s()
 
 
 def exiting() -> bool:

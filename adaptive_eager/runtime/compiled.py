@@ -146,7 +146,8 @@ class CompiledExecutor(Executor):
         self.cache = RegionCache(options.cache_size, counters)
         self.compiler = CompileService(for_device(options.backend, options.device), counters,
                                        options.async_compile, options.compile_timeout_s, fuel,
-                                       layout_decompositions(options.backend), open_store(options))
+                                       layout_decompositions(options.backend), open_store(options),
+                                       pace=options.pace_compiles)
         self.demote = not is_debugging(options.backend)
         # Note [The first compiled call runs on copies] (first_call.py): larger first
         # calls are checked lean.

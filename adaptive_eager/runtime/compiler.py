@@ -38,8 +38,8 @@ from .._logging import artifact_logger
 from ..hooks import HOOKS, Patch, rng_setters_skipped, skip_rng_setters_in_this_thread
 from .windows import transition
 from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionEntry
-from .compile_worker import ISA_META, ISA_PROBED, THREADS_META, Exiting
-from .compile_worker import close as close_worker, exiting as worker_exiting
+from .compile_worker import ISA_META, ISA_PROBED, PACED_META, THREADS_META, Exiting
+from .compile_worker import close as close_worker, exiting as worker_exiting, paused_s as worker_paused_s
 from .counters import Counters
 from .holds import compiles_are_held
 from .layouts import LayoutDisagreement, explains_layout, layout_disagreements
@@ -281,8 +281,13 @@ class CompileService:
 
     def __init__(self, compile_fn: Callable, counters: Counters, async_: bool, timeout_s: float,
                  fuel: int | None = -1, decompositions: Callable[[], Any] | None = None,
-                 store: RegionStore | None = None):
+                 store: RegionStore | None = None, paused: Callable[[], float] = worker_paused_s,
+                 pace: bool = True):
         self.compile_fn = compile_fn
+        # seconds the worker was held stopped, in all: not counted by a compile's timeout
+        # (Note [The worker runs in slices while the program fills the cores])
+        self.paused = paused
+        self.pace = pace  # option pace_compiles
         # the backend's decompositions, to name an op whose layout it changes (layouts.py)
         self.decompositions = decompositions
         self.store = store  # Note [Regions compiled by an earlier process]
@@ -334,11 +339,12 @@ class CompileService:
         except Exception as e:  # noqa: BLE001 - lowering failure: region stays eager
             self.fail(entry, f"{R.LOWERING_FAILED}: {type(e).__name__}: {e}")
             return
-        threads = torch.get_num_threads()
+        threads = program_threads = torch.get_num_threads()
         meta = getattr(gm, "meta", None)
         if isinstance(meta, dict):  # the program's thread count, for Inductor's kernels,
             # unless the builder chose one (Note [A small step's kernel runs on one thread])
             threads = meta.setdefault(THREADS_META, threads)
+            meta[PACED_META] = program_threads if self.async_ and self.pace else 0
         if self.store is not None:
             if entry.disk_key is None:
                 entry.disk_key = self.store.key(entry.key, threads)
@@ -346,6 +352,7 @@ class CompileService:
                 meta[ISA_META] = self.store.isa_ok()
         if not transition(entry, COMPILING):  # Note [A region's states] (runtime/windows.py)
             return
+        entry.submitted_paused = self.paused()
         with self.counters.lock:
             self.counters.compiles_in_flight += 1
         clog.debug("compile queued: region %s (%d graph nodes, %d in flight)", _short(entry.key),
@@ -367,7 +374,7 @@ class CompileService:
                 self.fail(entry, f"{R.COMPILE_TIMED_OUT} {self.timeout_s:.0f} s")
 
     def _compile(self, entry: RegionEntry, gm: Any, example: list) -> None:
-        t0 = time.perf_counter()
+        t0, paused0 = time.perf_counter(), self.paused()
         clog.debug("compile started: region %s (queued %.2f s)", _short(entry.key),
                    time.monotonic() - entry.submitted_at)
         switch = sys.getswitchinterval()
@@ -388,6 +395,7 @@ class CompileService:
             return
         with self.counters.lock:
             self.counters.compiles_in_flight -= 1
+            self.counters.compile_paused_s += self.paused() - paused0
             self.counters.compile_time_s += dt
         if entry.state != COMPILING:  # timed out meanwhile
             return
@@ -456,6 +464,7 @@ class CompileService:
             return False
         if not self.take_fuel() or not transition(entry, COMPILING):
             return False
+        entry.submitted_paused = self.paused()
         clog.debug("loading region %s from the disk cache", _short(entry.key))
         pool = self._executor()
         fut = pool.submit(self._load, entry, key, deadline=self._deadline(entry))
@@ -510,8 +519,12 @@ class CompileService:
 
     def check_timeout(self, entry: RegionEntry) -> None:
         """Called by the executor on each use of a compiling entry (async mode)."""
-        if self.timeout_s and time.monotonic() - entry.submitted_at > self.timeout_s:
+        if self.timeout_s and self.running_s(entry) > self.timeout_s:
             self.fail(entry, f"{R.COMPILE_TIMED_OUT} {self.timeout_s:.0f} s")
+
+    def running_s(self, entry: RegionEntry) -> float:
+        """Seconds since ``entry`` was queued, less those the worker was held stopped."""
+        return time.monotonic() - entry.submitted_at - (self.paused() - entry.submitted_paused)
 
     def fail(self, entry: RegionEntry, reason: str, count: str = "compile_failures",
              stays_correct: bool = True) -> None:

@@ -124,6 +124,9 @@ class Counters:
     compile_latency_s: float = 0.0      # queued -> ready, summed over finished compiles
     compile_latency_max_s: float = 0.0  # the longest of them
     compile_latency_first_s: float = 0.0  # the first to finish (the first queued: one worker, in order)
+    # of the compiles' time, the worker held stopped so the program kept its cores (Note [The
+    # worker runs in slices while the program fills the cores], runtime/worker_pacing.py)
+    compile_paused_s: float = 0.0
     # Note [Page faults between optimizer steps] (runtime/step_usage.py): the program
     # thread's usage from one optimizer step end to the next, summed
     steps_sampled: int = 0

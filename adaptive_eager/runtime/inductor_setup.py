@@ -24,6 +24,7 @@ import torch
 from torch import fx
 
 from ..hooks import HOOKS, Patch
+from .worker_pacing import usable_cores
 
 
 # gm.meta key: the program's intra-op thread count when the compile was submitted
@@ -226,11 +227,7 @@ def probe_beside(threads: int) -> bool:
     """Whether the worker's probe may run beside its compile: a core free for it, past the
     worker's own and the program's ``threads`` (Note [The worker's probe runs beside its
     first compile])."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cores >= threads + 2
+    return usable_cores() >= threads + 2
 
 
 class _ProbeBeside:
