@@ -271,10 +271,10 @@ _SPECS: dict[str, _Spec] = {
     "compile_after": _Spec(2, _int_parser(1), "times a region is seen before it is compiled"),
     "async_compile": _Spec(True, _parse_bool, "compile in a background thread (never stall the program)"),
     "pace_compiles": _Spec(
-        True, _parse_bool,
+        False, _parse_bool,
         "while a compile is in flight and the program's threads fill the cores, run the compile "
-        "worker in slices (10 ms of every 30): the program's steps slow ~1.2x instead of 2.5-3x, "
-        "and the compile lands 4-6x later (off: it runs at full speed)",
+        "worker in slices (10 ms of every 30): a 175 ms step slows ~1.2x instead of ~3x, but "
+        "the compile lands 4-6x later and an 8 ms step still slows 1.3-2.5x (off: full speed)",
     ),
     "cache_size": _Spec(512, _int_parser(1), "compiled regions kept (LRU)"),
     "cache_dir": _Spec(

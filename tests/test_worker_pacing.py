@@ -144,7 +144,8 @@ def test_a_paced_worker_compile_lands_and_the_report_says_what_pausing_cost(monk
 
     monkeypatch.setattr(compile_worker, "contended", lambda threads: True)
     counters = Counters()
-    svc = CompileService(compile_worker.compile_in_worker, counters, async_=True, timeout_s=300)
+    svc = CompileService(compile_worker.compile_in_worker, counters, async_=True, timeout_s=300,
+                         pace=True)
 
     def f(x):
         return ((x.sin() * 2 + 1).relu(),)
@@ -163,3 +164,11 @@ def test_a_paced_worker_compile_lands_and_the_report_says_what_pausing_cost(monk
     assert "worker paused" in text and "held stopped" in text
     proc = compile_worker._WORKER._proc
     assert proc is not None and _state(proc.pid) != "T"
+
+
+def test_pacing_is_an_option_off_by_default():
+    from adaptive_eager import config
+
+    assert config.resolve().pace_compiles is False
+    assert config.resolve(pace_compiles=True).pace_compiles is True
+    assert CompileService(lambda gm, ex: gm, Counters(), async_=True, timeout_s=1).pace is False

@@ -282,7 +282,7 @@ class CompileService:
     def __init__(self, compile_fn: Callable, counters: Counters, async_: bool, timeout_s: float,
                  fuel: int | None = -1, decompositions: Callable[[], Any] | None = None,
                  store: RegionStore | None = None, paused: Callable[[], float] = worker_paused_s,
-                 pace: bool = True):
+                 pace: bool = False):
         self.compile_fn = compile_fn
         # seconds the worker was held stopped, in all: not counted by a compile's timeout
         # (Note [The worker runs in slices while the program fills the cores])
@@ -387,6 +387,8 @@ class CompileService:
         finally:
             sys.setswitchinterval(switch)
         dt = time.perf_counter() - t0
+        with self.counters.lock:  # a compile abandoned at exit was held too
+            self.counters.compile_paused_s += self.paused() - paused0
         exiting = isinstance(err, Exiting)
         if exiting:
             # The interpreter is exiting: nothing to log, and the compile stays counted in
@@ -395,7 +397,6 @@ class CompileService:
             return
         with self.counters.lock:
             self.counters.compiles_in_flight -= 1
-            self.counters.compile_paused_s += self.paused() - paused0
             self.counters.compile_time_s += dt
         if entry.state != COMPILING:  # timed out meanwhile
             return

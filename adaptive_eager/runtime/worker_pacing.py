@@ -47,20 +47,27 @@ from typing import Callable, Iterator
 # program's spinning threads leave no idle time). Signals share by the clock, so a
 # slice always runs.
 #
-# So, by default (option ``pace_compiles``), while a compile is in flight and the
-# program's threads fill the cores (its thread count + 1 > the cores it may use), a
-# pacing thread in the program stops the worker's process group (the worker and the
-# compiler it runs) with SIGSTOP and continues it with SIGCONT: ``RUN_S`` running of every
-# ``RUN_S + PAUSE_S``. During each pause it reads the program's own CPU rate
-# (``time.process_time``, every thread); where that leaves a core free (the program waits
-# on I/O, or runs Python on one thread while the others sleep), the worker runs on for
-# ``FREE_RUN_S`` before it is looked at again. A compile the program waits for
-# (``async_compile=False``) is never paced: nothing competes. The GPT train step with
-# pacing (same script, fresh caches): its AdamW compile landed 74 s after it was queued
-# (the worker got ~0.14 of a core), the steps meanwhile 198-273 ms (1.1-1.5x, most
-# 1.2x), then 168-176 ms. A program that gains much from its compile loses by the later
-# arrival (AdamW alone is 2x faster compiled): ``pace_compiles=False`` runs it at full
-# speed; the report's ``worker paused`` line says how long the worker was held.
+# So, with option ``pace_compiles``, while a compile is in flight and the program's
+# threads fill the cores (its thread count + 1 > the cores it may use), a pacing thread in
+# the program stops the worker's process group (the worker and the compiler it runs) with
+# SIGSTOP and continues it with SIGCONT: ``RUN_S`` running of every ``RUN_S + PAUSE_S``.
+# During each pause it reads the program's own CPU rate (``time.process_time``, every
+# thread); where that leaves a core free (the program waits on I/O, or runs Python on one
+# thread while the others sleep), the worker runs on for ``FREE_RUN_S`` before it is
+# looked at again. A compile the program waits for (``async_compile=False``) is never
+# paced: nothing competes.
+#
+# It is off by default, because it does not meet its aim where it matters most. On the
+# GPT train step (same script, fresh caches) it did: the AdamW compile landed 74 s after it
+# was queued (the worker got ~0.14 of a core), the steps meanwhile 198-273 ms (most
+# ~1.2x), then 168-176 ms. But on the AdamW benchmark (8 ms steps, 2 threads; `python -m
+# benchmarks --workloads adamw --modes eager,adaptive`, load ~3) the paced compile had not
+# landed after 141 s of steps (at full speed: 46.6 s), and the steps meanwhile were still
+# 10-20 ms (1.25-2.5x; a 10 ms slice is longer than the step); at full speed they were 38
+# ms on average (4.75x) for 46 s and 1.7 ms after. A program that gains much from its
+# compile loses more by the later arrival than it saves per step, since the total cost is
+# the same. ``pace_compiles=True`` suits long programs with long steps that want even step
+# times; the report's ``worker paused`` line says how long the worker was held.
 #
 # Compile timeouts count the worker's running time, not its pauses (``paused_s``): a
 # paced compile is no nearer its timeout for the time it was held. If the program dies
