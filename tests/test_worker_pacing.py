@@ -164,6 +164,8 @@ def test_a_paced_worker_compile_lands_and_the_report_says_what_pausing_cost(monk
     assert "worker paused" in text and "held stopped" in text
     proc = compile_worker._WORKER._proc
     assert proc is not None and _state(proc.pid) != "T"
+    # a process group of its own: the one the pacer stops, which the terminal's ^C misses
+    assert os.getpgid(proc.pid) == proc.pid != os.getpgrp()
 
 
 def test_pacing_is_an_option_off_by_default():
