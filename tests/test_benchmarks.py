@@ -268,3 +268,16 @@ def test_an_idle_machine_gets_no_warning():
     assert load_warning(0.4, ncpu=2) == ""
     assert load_warning(3.5, own=3, ncpu=2) == ""   # the suite's own runs do not count
     assert load_warning(5.0, own=3, ncpu=2).startswith("WARNING")
+
+
+def test_step_events_wraps_methods_that_exist():
+    """benchmarks.step_events times the runtime's methods by name: a rename or a move
+    (optim_compile's trace went to optim_trace) must fail here, not in the benchmark."""
+    import importlib
+
+    from adaptive_eager.benchmarks import step_events
+
+    for module, cls, name, _label in step_events._WRAPPED:
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        assert callable(getattr(owner, name)), (module, cls, name)

@@ -26,7 +26,8 @@ import time
 from typing import Any, Callable
 
 _WRAPPED = (  # (module, class or None, method, label)
-    ("adaptive_eager.dispatch.optim_compile", "StepCompiler", "_trace", "opt.trace"),
+    # optim_compile calls its own name for the trace (imported from optim_trace)
+    ("adaptive_eager.dispatch.optim_compile", None, "trace_signature", "opt.trace"),
     ("adaptive_eager.dispatch.optim_compile", "StepCompiler", "_run", "opt.run"),
     ("adaptive_eager.dispatch.optim_compile", "StepCompiler", "after_step", "opt.after"),
     ("adaptive_eager.runtime.compiler", "CompileService", "_load", "svc.load"),
