@@ -55,6 +55,9 @@ class WindowHistory:
     key: Any = None  # the key object it is stored under (Note [Keys hash once])
     sightings: int = 0
     seen_at: int = -1  # WindowLog.clock at its last sighting (Note [Rare windows wait])
+    # Note [A compiled window's eager time is measured again]: its eager run timed once
+    # more after its regions compiled, with no compile in flight
+    retimed: bool = False
 
     def pays(self, n_ops: int) -> bool:
         """Whether its eager run outweighs capturing it (Note [Windows that cannot pay for
