@@ -281,3 +281,31 @@ def test_step_events_wraps_methods_that_exist():
         owner = importlib.import_module(module)
         owner = getattr(owner, cls) if cls else owner
         assert callable(getattr(owner, name)), (module, cls, name)
+
+
+def test_settling_waits_for_optimizer_steps_still_under_their_threshold():
+    """The timed loop starts only once no compile is in flight and no optimizer step ran
+    eagerly for its cost threshold for SETTLE_QUIET iterations (a compile that starts
+    after the warm-up would otherwise be timed)."""
+    import types
+
+    from adaptive_eager.benchmarks import worker
+    from adaptive_eager.dispatch.optim_records import Why
+
+    calls = []
+
+    class Api:
+        def stats(self):
+            n = len(calls)
+            cheap = min(n, 12)  # the threshold is reached at the 12th step
+            return {"compiles_in_flight": 1 if 12 <= n < 15 else 0,
+                    "optimizer_step_kinds": {f"AdamW|eager: {Why.CHEAP}": cheap}}
+
+    def one():
+        calls.append(1)
+        return 0.001
+
+    wl = types.SimpleNamespace(on_timed_start=None)
+    warm, extra, times, _before, _after = worker._timed_loop(one, 2, 3, Api(), 60.0, wl)
+    # warm-up 2; then threshold steps to 12 and the compile in flight to 15; then 5 quiet
+    assert extra >= 15 + worker.SETTLE_QUIET - 2 and len(times) == 3
