@@ -194,6 +194,59 @@ def test_paced_imports_sleep_in_proportion_until_ready(tmp_path, monkeypatch):
     assert not any(type(f).__name__ == "_Finder" for f in sys.meta_path)
 
 
+def test_the_worker_is_held_only_while_the_paced_thread_runs(tmp_path, monkeypatch):
+    """Note [The worker waits while the loader runs]: ``hold(True)`` when the paced thread
+    runs, ``hold(False)`` before each pause, once ready and at the block's end; and the
+    worker's holder stops its process group only where the cores are short."""
+    import importlib
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from adaptive_eager.runtime import compile_worker
+    from adaptive_eager.runtime.pacing import paced
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    held = []
+    names = _busy_modules(tmp_path, "ae_held_", 8, 10)
+    with paced(lambda: False, share=0.5, hold=held.append) as pacer:
+        for name in names:
+            importlib.import_module(name)
+    assert held[0] is True and held[-1] is False and pacer.paused_s > 0
+    assert all(a != b for a, b in zip(held, held[1:]))  # alternating: never twice the same
+    assert held.count(False) >= 2  # a pause, and the end
+
+    held.clear()
+    ready = []
+    names = _busy_modules(tmp_path, "ae_held_ready_", 4, 10)
+    with paced(lambda: bool(ready), share=0.5, hold=held.append):
+        importlib.import_module(names[0])
+        ready.append(1)
+        for name in names[1:]:
+            importlib.import_module(name)
+        assert held[-1] is False  # released once ready, before the block ends
+    assert held[-1] is False
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], process_group=0)
+    try:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+        assert compile_worker._holder(proc, 2) is None  # a core for each
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+        hold = compile_worker._holder(proc, 1)
+        hold(True)
+        time.sleep(0.1)
+        with open(f"/proc/{proc.pid}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] == "T"
+        hold(False)
+        time.sleep(0.1)
+        with open(f"/proc/{proc.pid}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] != "T"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_torch_key_hashing_is_paced_on_the_paced_thread_only(monkeypatch):
     """Note [The loader's warm-up is paced while the worker compiles]: inside the block,
     once codecache is imported, each package torch_key hashes is a pacing check; the row

@@ -185,7 +185,7 @@ class _Worker:
                 paced = program_threads > 0 and contended(program_threads) and self._pacer is not None
                 with abandonable(), self._pacer.pacing() if paced else contextlib.nullcontext():
                     # Note [The loader is warmed while the worker compiles]
-                    warm_loader(lambda: _has_reply(proc.stdout))
+                    warm_loader(lambda: _has_reply(proc.stdout), _holder(proc, threads))
                     status, detail = _recv(proc.stdout)
             except (OSError, EOFError, pickle.UnpicklingError) as e:
                 if self._closed:
@@ -344,18 +344,53 @@ _LOADER_MODULES = ("torch._inductor.standalone_compile", "torch._inductor.compil
 _LOADER_WARM: list[bool] = []  # one entry once warmed (a flag, process-wide like _WORKER)
 
 
-def warm_loader(ready: Callable[[], bool] | None = None) -> None:
+# Note [The worker waits while the loader runs]
+# The loader's warm-up (Note [The loader is warmed while the worker compiles]) runs on the
+# service thread, paced to a fifth of the wall time, beside the worker's compile. On 2
+# cores with a one-thread program that made three busy threads for two cores: the OS
+# preempted the service thread while it held the GIL (an import's unmarshalling, a
+# collection of the garbage collector: one gen-2 collection took 204 ms on it), and the
+# program's thread, which needs the GIL back after every op, waited. The fresh demo's
+# steps 2-39 ran 190-366 ms wall against 168 ms eager at an unchanged 166-177 ms of the
+# program thread's CPU (``python -m benchmarks.step_events --steps 70``). So where the
+# cores do not cover the program's threads, the loader and the worker (``usable_cores()
+# < threads + 2``), the worker's process group is stopped while the loader runs a slice
+# and continued while it sleeps (``paced``'s ``hold``): two busy threads for two cores.
+# Same command after (fresh caches, load 0.3): steps 2-40 at 174-241 ms (most 174-201),
+# slow steps 3, 4 (the first captures' own CPU), 19, 61. The compile pays for it: it
+# loses the loader's slices, their GIL waits included (the warm-up: 11.6 s wall, 2.15 s
+# CPU). The demo fresh (`adaptive-eager demo`, load 0.6 -> 1.2): 5 slow steps after the
+# first two (11 before, same day), whole run 1.44x (1.48x), the first region ready 14.5 s
+# after queued (10.5 s): the per-step bound is nearer, the arrival later.
+def _holder(proc: subprocess.Popen, threads: int) -> Callable[[bool], None] | None:
+    """``hold(on)`` stopping (True) or continuing (False) ``proc``'s process group, or
+    None where a core is free for each (see the Note)."""
+    if usable_cores() >= threads + 2:
+        return None
+    import signal  # noqa: PLC0415
+
+    def hold(on: bool) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
+        except OSError:  # gone: nothing to hold
+            pass
+    return hold
+
+
+def warm_loader(ready: Callable[[], bool] | None = None,
+                hold: Callable[[bool], None] | None = None) -> None:
     """Pay the first artifact load's one-time set-up now (see the Note); idempotent, and
     never raises (the load pays it instead). ``ready``: whether the worker's reply is
     there; until then the imports are paced (Note [The loader's warm-up is paced while the
-    worker compiles], runtime/pacing.py)."""
+    worker compiles], runtime/pacing.py), and ``hold`` stops the worker while they run
+    (Note [The worker waits while the loader runs])."""
     if _LOADER_WARM:
         return
     _LOADER_WARM.append(True)
     import importlib  # noqa: PLC0415
 
     try:
-        with paced(lambda: exiting() or ready()) if ready is not None else contextlib.nullcontext():
+        with paced(lambda: exiting() or ready(), hold=hold) if ready is not None else contextlib.nullcontext():
             for name in _LOADER_MODULES:
                 if exiting():  # the compile thread is waited for at exit (compiler.py)
                     return

@@ -54,7 +54,8 @@ _LOCAL = threading.local()  # .pacer: the calling thread's Pacer, while it is pa
 class Pacer:
     """One paced thread's account: CPU spent since its last pause, pauses owed and taken."""
 
-    def __init__(self, ready: Callable[[], bool], share: float):
+    def __init__(self, ready: Callable[[], bool], share: float,
+                 hold: Callable[[bool], None] | None = None):
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
         self.ready = ready
@@ -63,6 +64,20 @@ class Pacer:
         self.done = share == 1
         self.paused_s = 0.0
         self._owed = 0.0
+        # Note [The worker waits while the loader runs]: hold(True) while this thread
+        # runs, hold(False) while it sleeps and once it is done
+        self._hold = hold
+        self.holding = False
+        self._held(not self.done)
+
+    def _held(self, on: bool) -> None:
+        if self._hold is not None and on != self.holding:
+            self.holding = on
+            self._hold(on)
+
+    def release(self) -> None:
+        """No hold from now on (the block ends)."""
+        self._held(False)
 
     def check(self) -> None:
         """Sleep what this thread owes, unless ``ready()``: then never again."""
@@ -74,11 +89,14 @@ class Pacer:
             return
         if self.ready():
             self.done = True
+            self._held(False)
             return
         self._owed += spent * self.pause_per_s
         self.mark = now
         pause = min(self._owed, MAX_PAUSE_S)
+        self._held(False)
         time.sleep(pause)
+        self._held(True)
         self._owed -= pause
         self.paused_s += pause
 
@@ -123,18 +141,22 @@ HASH_ROW = Patch("paced", "torch._inductor.codecache", "build_code_hash", _paced
 
 
 @contextlib.contextmanager
-def paced(ready: Callable[[], bool], share: float = SHARE) -> Iterator[Pacer]:
+def paced(ready: Callable[[], bool], share: float = SHARE,
+          hold: Callable[[bool], None] | None = None) -> Iterator[Pacer]:
     """Pace this thread's imports (and, once ``torch._inductor.codecache`` is imported,
     ``torch_key``'s hashing) inside the block to ``share`` of the wall time until
     ``ready()`` (Note [The loader's warm-up is paced while the worker compiles]); other
-    threads are not touched."""
-    pacer = Pacer(ready, share)
+    threads are not touched. ``hold(on)``: called with True when this thread starts to
+    run and False when it pauses, is done or leaves the block (Note [The worker waits
+    while the loader runs], compile_worker.py)."""
+    pacer = Pacer(ready, share, hold)
     HOOKS.install([IMPORTS_ROW])
     _LOCAL.pacer = pacer
     try:
         yield pacer
     finally:
         _LOCAL.pacer = None
+        pacer.release()
         HOOKS.uninstall("paced")
 
 
