@@ -359,9 +359,12 @@ _LOADER_WARM: list[bool] = []  # one entry once warmed (a flag, process-wide lik
 # Same command after (fresh caches, load 0.3): steps 2-40 at 174-241 ms (most 174-201),
 # slow steps 3, 4 (the first captures' own CPU), 19, 61. The compile pays for it: it
 # loses the loader's slices, their GIL waits included (the warm-up: 11.6 s wall, 2.15 s
-# CPU). The demo fresh (`adaptive-eager demo`, load 0.6 -> 1.2): 5 slow steps after the
-# first two (11 before, same day), whole run 1.44x (1.48x), the first region ready 14.5 s
-# after queued (10.5 s): the per-step bound is nearer, the arrival later.
+# CPU). The demo fresh (`adaptive-eager demo`, fresh caches, load ~1.2), alternated with
+# the tree before: slow steps after the first two 5, 26, 6, 5 against 11, 6, 20; whole run
+# 1.44x, 1.34x, 1.43x, 1.57x against 1.48x, 1.53x, 1.34x; the first region ready after
+# 11.4-14.5 s against 10.5-11.5 s. The loader's own steps run nearer eager's; the demo's
+# other slow steps (first captures, first calls, the optimizer step's check) vary from run
+# to run; the arrival is 2-3 s later.
 def _holder(proc: subprocess.Popen, threads: int) -> Callable[[bool], None] | None:
     """``hold(on)`` stopping (True) or continuing (False) ``proc``'s process group, or
     None where a core is free for each (see the Note)."""
