@@ -385,6 +385,10 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
     faults = step_usage.report_line(s.steps_sampled, s.step_faults, s.step_system_s, s.step_wall_s)
     if faults:  # Note [Page faults between optimizer steps] (runtime/step_usage.py)
         rows.append(("page faults", faults))
+    waiting = step_usage.waiting_line(s.steps_sampled, s.step_wall_s, s.steps_waiting,
+                                      s.step_waiting_wall_s)
+    if waiting:  # what waiting for a compile cost the program's steps
+        rows.append(("while compiling", waiting))
     if s.optimizer_step_kinds:
         # Note [The optimizer step as one compiled unit] (dispatch/optim_compile.py)
         rows.append(("optimizer compiled", f"{_fmt_num(s.optimizer_steps_compiled)} steps ran as one "

@@ -57,3 +57,25 @@ def test_the_line_is_left_out_when_faults_cost_little():
     assert step_usage.report_line(100, 50_000, 0.1, 10.0) is None        # few faults a step
     assert step_usage.report_line(100, 500_000, 0.5, 10.0) is None       # 5% of the time
     assert "5,000 a step" in step_usage.report_line(100, 500_000, 5.0, 10.0)
+
+
+@linux
+def test_steps_that_end_with_a_compile_in_flight_are_told_apart_in_the_report():
+    """The report says what waiting for a compile cost: the steps that ended with one in
+    flight, against the others."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    c = session.counters()
+    with ae.adaptive_eager(backend="eager"):
+        for i in range(8):
+            c.compiles_in_flight = 1 if 3 <= i < 6 else 0  # as the compile service counts
+            p.grad = torch.ones(1)
+            opt.step()
+        c.compiles_in_flight = 0
+    assert c.steps_sampled == 7 and c.steps_waiting == 3
+    assert 0 < c.step_waiting_wall_s < c.step_wall_s
+    report = format_report(ae.stats())
+    assert "while compiling" in report and "3 of 7 steps" in report, report
+    assert step_usage.waiting_line(7, 1.0, 0, 0.0) is None   # none waited
+    assert step_usage.waiting_line(3, 1.0, 3, 1.0) is None   # no others to compare

@@ -422,7 +422,7 @@ class SafePoints:
         now = step_usage.sample()
         last, self._tls.usage = self._tls.usage, now
         if last is not None and now is not None:
-            step_usage.book(mode.counters, last, now)
+            step_usage.book(mode.counters, last, now, mode.counters.compiles_in_flight > 0)
         if mode._parked and mode.policy.parked_tick(AT_STEP):
             # Note [A parked read costs a counter]: what seen() and safe_point() do here
             counters = mode.counters

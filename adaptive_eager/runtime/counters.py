@@ -133,6 +133,10 @@ class Counters:
     step_faults: int = 0
     step_system_s: float = 0.0
     step_wall_s: float = 0.0
+    # of those, the steps that ended with a compile in flight, and their wall time (the
+    # report's "while compiling" line: what waiting for a compile cost)
+    steps_waiting: int = 0
+    step_waiting_wall_s: float = 0.0
     # Note [Counting while passing through]: what happens while the mode is parked (off
     # the dispatch-mode stack, no Python between ops) is seen only at safe points.
     reads: int = 0                # Python-level reads of tensors seen (observe.py), in any phase

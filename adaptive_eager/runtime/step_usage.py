@@ -54,12 +54,33 @@ def sample() -> Sample | None:
     return (r.ru_minflt + r.ru_majflt, r.ru_stime, time.perf_counter())
 
 
-def book(counters: Any, last: Sample, now: Sample) -> None:
-    """Count one step's usage (from ``last`` to ``now``) in ``counters``."""
+def book(counters: Any, last: Sample, now: Sample, waiting: bool = False) -> None:
+    """Count one step's usage (from ``last`` to ``now``) in ``counters``; ``waiting``: it
+    ended with a compile in flight."""
     counters.steps_sampled += 1
     counters.step_faults += now[0] - last[0]
     counters.step_system_s += now[1] - last[1]
     counters.step_wall_s += now[2] - last[2]
+    if waiting:
+        counters.steps_waiting += 1
+        counters.step_waiting_wall_s += now[2] - last[2]
+
+
+def waiting_line(steps: int, wall_s: float, waiting: int, waiting_wall_s: float) -> str | None:
+    """The report's line on the steps that ran while a compile was in flight (issue 22:
+    the report says what waiting cost), or None when there were none, or no others.
+
+    >>> print(waiting_line(100, 20.0, 30, 9.0))
+    30 of 100 steps (optimizer step to the next) ended with a compile in flight: 300 ms a step against 157 ms for the others (1.91x)
+    """
+    others = steps - waiting
+    if waiting <= 0 or others <= 0:
+        return None
+    during, rest = waiting_wall_s / waiting, (wall_s - waiting_wall_s) / others
+    ratio = f" ({during / rest:.2f}x)" if rest > 0 else ""
+    return (f"{waiting:,} of {steps:,} steps (optimizer step to the next) ended with a compile "
+            f"in flight: {during * 1e3:.0f} ms a step against {rest * 1e3:.0f} ms for the "
+            f"others{ratio}")
 
 
 def report_line(steps: int, faults: int, system_s: float, wall_s: float) -> str | None:
@@ -82,4 +103,5 @@ def report_line(steps: int, faults: int, system_s: float, wall_s: float) -> str 
             f"Linux with glibc, {KEEP_MEMORY} keeps them (eager pays this too)")
 
 
-__all__ = ["sample", "book", "report_line", "FAULTS_PER_STEP", "SYSTEM_SHARE", "KEEP_MEMORY"]
+__all__ = ["sample", "book", "report_line", "waiting_line", "FAULTS_PER_STEP", "SYSTEM_SHARE",
+           "KEEP_MEMORY"]
