@@ -206,6 +206,7 @@ def test_the_worker_is_held_only_while_the_paced_thread_runs(tmp_path, monkeypat
 
     from adaptive_eager.runtime import compile_worker
     from adaptive_eager.runtime.pacing import paced
+    from adaptive_eager.runtime.worker_pacing import WorkerPacer
 
     monkeypatch.syspath_prepend(str(tmp_path))
     held = []
@@ -231,9 +232,10 @@ def test_the_worker_is_held_only_while_the_paced_thread_runs(tmp_path, monkeypat
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], process_group=0)
     try:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-        assert compile_worker._holder(proc, 2) is None  # a core for each
+        pacer = WorkerPacer(proc.pid, cores=2)
+        assert compile_worker._holder(pacer, 2) is None  # a core for each
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-        hold = compile_worker._holder(proc, 1)
+        hold = compile_worker._holder(pacer, 1)
         hold(True)
         time.sleep(0.1)
         with open(f"/proc/{proc.pid}/stat") as f:

@@ -185,7 +185,7 @@ class _Worker:
                 paced = program_threads > 0 and contended(program_threads) and self._pacer is not None
                 with abandonable(), self._pacer.pacing() if paced else contextlib.nullcontext():
                     # Note [The loader is warmed while the worker compiles]
-                    warm_loader(lambda: _has_reply(proc.stdout), _holder(proc, threads))
+                    warm_loader(lambda: _has_reply(proc.stdout), _holder(self._pacer, threads))
                     status, detail = _recv(proc.stdout)
             except (OSError, EOFError, pickle.UnpicklingError) as e:
                 if self._closed:
@@ -353,8 +353,9 @@ _LOADER_WARM: list[bool] = []  # one entry once warmed (a flag, process-wide lik
 # program's thread, which needs the GIL back after every op, waited. The fresh demo's
 # steps 2-39 ran 190-366 ms wall against 168 ms eager at an unchanged 166-177 ms of the
 # program thread's CPU (``python -m benchmarks.step_events --steps 70``). So where the
-# cores do not cover the program's threads, the loader and the worker (``usable_cores()
-# < threads + 2``), the worker's process group is stopped while the loader runs a slice
+# cores do not cover the program's threads, the loader and the worker (``probe_beside``'s
+# test: the same two extra threads), the worker's process group is stopped (its pacer's
+# ``hold``) while the loader runs a slice
 # and continued while it sleeps (``paced``'s ``hold``): two busy threads for two cores.
 # Same command after (fresh caches, load 0.3): steps 2-40 at 174-241 ms (most 174-201),
 # slow steps 3, 4 (the first captures' own CPU), 19, 61. The compile pays for it: it
@@ -365,19 +366,12 @@ _LOADER_WARM: list[bool] = []  # one entry once warmed (a flag, process-wide lik
 # 11.4-14.5 s against 10.5-11.5 s. The loader's own steps run nearer eager's; the demo's
 # other slow steps (first captures, first calls, the optimizer step's check) vary from run
 # to run; the arrival is 2-3 s later.
-def _holder(proc: subprocess.Popen, threads: int) -> Callable[[bool], None] | None:
-    """``hold(on)`` stopping (True) or continuing (False) ``proc``'s process group, or
-    None where a core is free for each (see the Note)."""
-    if usable_cores() >= threads + 2:
+def _holder(pacer: WorkerPacer | None, threads: int) -> Callable[[bool], None] | None:
+    """``hold(on)`` stopping (True) or continuing (False) the worker's process group
+    (``pacer``'s), or None where a core is free for each (see the Note)."""
+    if pacer is None or probe_beside(threads):
         return None
-    import signal  # noqa: PLC0415
-
-    def hold(on: bool) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
-        except OSError:  # gone: nothing to hold
-            pass
-    return hold
+    return pacer.hold
 
 
 def warm_loader(ready: Callable[[], bool] | None = None,

@@ -309,7 +309,7 @@ class CompiledExecutor(Executor):
         """Note [A compiled window's eager time is measured again]."""
         values, _capture_ns, ran_ns = self._replay_timed(window)
         history.retimed = True
-        history.eager_ns = ran_ns if history.eager_ns is None else min(history.eager_ns, ran_ns)
+        history.timed(ran_ns, None)  # the lesser eager time stands
         return FlushResult(values, Verdict(len(window.nodes), worth=True), Sighting(key, True, groups))
 
     def _run_unpaying(self, window: Window, history: WindowHistory, key: Any,

@@ -138,6 +138,11 @@ class WorkerPacer:
             thread.join()
             self._send(_signal.SIGCONT)
 
+    def hold(self, on: bool) -> None:
+        """Stop (True) or continue (False) the group now (Note [The worker waits while
+        the loader runs], compile_worker.py)."""
+        self._send(_signal.SIGSTOP if on else _signal.SIGCONT)
+
     def _send(self, sig: _signal.Signals) -> bool:
         try:
             self._signal(self.pgid, sig)
