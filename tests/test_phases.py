@@ -167,11 +167,14 @@ def test_no_move_outside_the_table():
     assert not waiting.should_defer(10**9)  # no probe while compiles are in flight
 
 
-def test_reset_stats_every_iteration_does_not_corrupt_the_measure():
+def test_reset_stats_every_iteration_does_not_corrupt_the_measure(monkeypatch):
     """A program that zeroes the statistics every iteration (benchmarks do) still parks
     on ops too cheap to capture: the measure counts its own ops and spans. Before, it
     counted the process-wide ops passed through, which reset_stats() zeroes, so the
-    measure saw a negative op count and captured after MEASURE_MAX_NS whatever ops cost."""
+    measure saw a negative op count and captured after MEASURE_MAX_NS whatever ops cost.
+    The threshold is 1 ms an op (ops of 8 elements take ~10 µs): CI once read them above
+    the real 60 µs under load, captured, and parked for another reason."""
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 1_000_000)
     x = torch.randn(8)
     with ae.adaptive_eager(backend="eager", warmup=True):
         mode = session.current_mode()
@@ -180,6 +183,8 @@ def test_reset_stats_every_iteration_does_not_corrupt_the_measure():
             ae.reset_stats()
         parked, reason = mode._parked, mode.policy.reason
     assert parked and "capture cannot pay" in reason, reason
+    m = re.search(r"measured over (-?\d+) ops", reason)
+    assert m and int(m[1]) > 0, reason  # the measure's own ops, not the process's
 
 
 # -- Note [Only fusible ops pay for capture] (issue 22 item 5) ----------------------------
@@ -200,12 +205,15 @@ def _one_thread(fn):
         torch.set_num_threads(before)
 
 
-def test_one_dear_op_that_cannot_fuse_does_not_make_a_loop_worth_capturing():
+def test_one_dear_op_that_cannot_fuse_does_not_make_a_loop_worth_capturing(monkeypatch):
     """A big matmul among tiny pointwise ops: its time is no saving capture could make,
     so it is left out of the measure and the loop parks, capturing nothing (before, the
-    matmul made every op look ~100x dearer than capturing one, and it captured)."""
+    matmul made every op look ~100x dearer than capturing one, and it captured).
+    The threshold is 100 µs an op, well above the pointwise ops' ~10 µs even under CI's
+    load (the real 60 µs once read them above it), well below the matmul's share."""
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", THRESHOLD_NS)
     torch.manual_seed(0)
-    a, b, x = torch.randn(384, 384), torch.randn(384, 384), torch.randn(8)
+    a, b, x = torch.randn(512, 512), torch.randn(512, 512), torch.randn(8)
 
     def step():
         y = (x * 2 + 1).sin().cos().exp().neg().abs()
@@ -216,6 +224,12 @@ def test_one_dear_op_that_cannot_fuse_does_not_make_a_loop_worth_capturing():
     assert got == ref
     assert parked and s.ops_captured == 0, (reason, s.ops_captured)
     assert "capture cannot pay" in reason and "in ops that cannot fuse left out" in reason, reason
+    # the test means something: counted, the matmul's time alone would have read dear
+    m = re.search(r"over (\d+) ops.*?; ([0-9.]+) ms in ops that cannot fuse left out", reason)
+    assert m and float(m[2]) * 1e6 / int(m[1]) > THRESHOLD_NS, reason
+
+
+THRESHOLD_NS = 100_000
 
 
 def test_an_lstm_lm_parks():
