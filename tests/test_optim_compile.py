@@ -8,6 +8,8 @@ tests/test_optim_semantics.py."""
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
 
 import pytest
 import torch
@@ -512,3 +514,96 @@ def test_a_compiled_step_slower_than_eager_goes_back():
     demoted = [w for w in k if "demoted: the compiled step took" in w]
     assert demoted and k[demoted[0]] >= 20, k
     assert ae.stats().demotions == 1
+
+
+def test_a_parked_programs_cheap_steps_only_time_themselves(monkeypatch):
+    """Note [A parked cheap step costs a clock]: once parked, an optimizer's steps under
+    the threshold are timed by the fast path alone (the general path's before_step is not
+    asked), counted as eager's, and the threshold they add up to still compiles the step,
+    which then runs compiled; values bitwise eager's throughout (backend eager)."""
+    from adaptive_eager import session
+    from adaptive_eager.dispatch import optim_compile as oc
+    from adaptive_eager.runtime import adapt
+
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 10**15)  # the measure parks it
+    general, fast = [], []
+    real, real_fast = oc.StepCompiler.before_step, oc.StepCompiler.parked_step
+    monkeypatch.setattr(oc.StepCompiler, "before_step",
+                        lambda self, opt, mode, *a: general.append(mode._parked) or real(self, opt, mode, *a))
+    monkeypatch.setattr(oc.StepCompiler, "parked_step",
+                        lambda self, *a: real_fast(self, *a) and not fast.append(1))
+    x = torch.randn(64, 4)
+
+    def loop(m, opt, mode_of=None, n=60):
+        seen = []
+        for _ in range(n):
+            loss = m(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            seen.append(loss.item())
+            if mode_of is not None:
+                seen.append(mode_of()._parked)
+        return seen
+
+    torch.manual_seed(0)
+    ref_m = torch.nn.Linear(4, 4)
+    m = torch.nn.Linear(4, 4)
+    m.load_state_dict(ref_m.state_dict())
+    ref = loop(ref_m, O.Adam(ref_m.parameters(), lr=1e-2))
+    ae.reset_stats()
+    spent = []
+    with _runtime(warmup=True, optimizer_step_after_ms=5):
+        opt = O.Adam(m.parameters(), lr=1e-2)
+        got = loop(m, opt, session.current_mode)
+        spent.append(oc.STEPS._threshold.eager_step_ns(opt))
+    losses, parked = got[0::2], got[1::2]
+    assert losses == ref and all(torch.equal(a, b) for a, b in zip(m.parameters(), ref_m.parameters()))
+    kinds, s = _kinds(O.Adam), ae.stats()
+    cheap = kinds.get("eager: cheaper so far than a compile (optimizer_step_after_ms)", 0)
+    assert sum(parked) >= 50 and s.optimizer_steps_compiled > 0 and kinds.get("signatures") == 1, kinds
+    # every step decided once; the cheap ones after the first few (the warm-up's, the
+    # measure's, the first parked one's, which makes the record) by the fast path alone
+    assert len(general) + len(fast) == 60 and cheap - 4 <= len(fast) <= cheap, (len(fast), kinds)
+    assert spent[0] is not None and spent[0] > 0
+
+
+def test_a_parked_step_that_raised_is_not_charged_later(monkeypatch):
+    """A step on the fast path (Note [A parked cheap step costs a clock]) that raises never
+    reaches our post-hook; the next step, in this block or outside any, is its own: the
+    raised one's time is not charged to it, and its post-hook runs as usual."""
+    from adaptive_eager import session
+    from adaptive_eager.dispatch import optim_compile as oc
+    from adaptive_eager.runtime import adapt
+
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 10**15)  # the measure parks it
+    m = torch.nn.Linear(4, 4)
+    opt = O.Adam(m.parameters(), lr=1e-2)
+    x = torch.randn(8, 4)
+
+    def step():
+        m(x).sum().backward()
+        opt.step()
+        return m.weight.sum().item()
+
+    with _runtime(warmup=True, optimizer_step_after_ms=60_000):
+        for _ in range(8):
+            step()
+        assert session.current_mode()._parked
+        before = oc.STEPS._threshold.eager_step_ns(opt)
+        adam = sys.modules["torch.optim.adam"].adam
+
+        def broken(*a, **k):
+            raise RuntimeError("a step that raises inside torch.optim")
+
+        monkeypatch.setattr(sys.modules["torch.optim.adam"], "adam", broken)
+        with pytest.raises(RuntimeError, match="raises inside"):
+            opt.step()
+        monkeypatch.setattr(sys.modules["torch.optim.adam"], "adam", adam)
+        assert getattr(oc.STEPS._tls, "parked", None) is opt  # its post-hook never ran
+    assert getattr(oc.STEPS._tls, "parked", None) is None  # the block's exit forgot it
+    t0 = time.thread_time_ns()
+    while time.thread_time_ns() - t0 < 20_000_000:  # 20 ms: would show in the average
+        pass
+    opt.step()  # outside any block: nothing charged
+    assert oc.STEPS._threshold.eager_step_ns(opt) == before

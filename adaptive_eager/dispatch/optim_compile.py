@@ -133,6 +133,8 @@ class StepCompiler:
         capture back where any step of this thread passed through and raised (Note [A
         step waiting for its compile is not captured])."""
         self._waiting.resume()
+        if opt is None:
+            self._tls.parked = None  # a fast-path step that raised: its block is left
         d = getattr(self._tls, "groups", None)
         if not d:
             return
@@ -165,6 +167,21 @@ class StepCompiler:
             self.runs_eagerly(opt, mode)
         elif not is_debugging(mode.options.backend):  # Note [A compiled step slower than
             self._speed.started(opt, mark)             # eager's goes back]: timed to its end
+
+    def parked_step(self, opt: Any, mode: Any, args: tuple, kwargs: dict) -> bool:
+        """Our pre-hook's fast path (``mode`` parked): True if ``opt``'s step runs eagerly
+        for its cost threshold with nothing else to decide, timed to our post-hook (Note [A
+        parked cheap step costs a clock], optim_threshold.py); False: :meth:`before_step`."""
+        rec = None
+        if mode.options.optimizer_step and self._why_not(opt, args, kwargs) is None:
+            rec = self._threshold.parked(opt, mode)
+        self._tls.parked = opt if rec is not None else None  # for our post-hook
+        if rec is None:
+            return False
+        counters = mode.counters
+        with counters.lock:
+            counters.optimizer_step_kinds[rec.cheap_key] += 1
+        return True
 
     # Note [A step waiting for its compile is not captured] (dispatch/optim_waiting.py)
     def passes_through(self, opt: Any, mode: Any) -> None:
@@ -518,8 +535,14 @@ def _pre_hook(opt: Any, args: tuple, kwargs: dict) -> None:
     stack = STEPS.thread_stack
     st = stack() if stack is not None else None
     if st:
+        mode = st[-1][0]
+        if mode._parked:
+            if STEPS.parked_step(opt, mode, args, kwargs):
+                return  # Note [A parked cheap step costs a clock] (optim_threshold.py)
+        elif getattr(STEPS._tls, "parked", None) is not None:
+            STEPS._tls.parked = None  # a fast-path step of ours raised: not this one
         try:
-            STEPS.before_step(opt, st[-1][0], args, kwargs)
+            STEPS.before_step(opt, mode, args, kwargs)
         except Exception:  # noqa: BLE001 - a failure inside the runtime: the step runs eagerly
             log.debug("adaptive_eager: the compiled optimizer step failed; eager", exc_info=True)
             STEPS.give_back(opt)
@@ -527,6 +550,11 @@ def _pre_hook(opt: Any, args: tuple, kwargs: dict) -> None:
 
 
 def _post_hook(opt: Any, args: tuple, kwargs: dict) -> None:
+    tls = STEPS._tls
+    if getattr(tls, "parked", None) is opt:  # Note [A parked cheap step costs a clock]
+        tls.parked = None
+        STEPS._threshold.charge(opt)
+        return
     stack = STEPS.thread_stack
     if (stack is None or not stack()) and not getattr(STEPS._tls, "groups", None):
         return  # no runtime in this thread (its pre-hook did nothing) and no groups held

@@ -279,6 +279,7 @@ class SafePoints:
     def __init__(self, thread_stack: Callable[[], list | None], counters: Any):
         self.thread_stack = thread_stack
         self.counters = counters
+        self._compiler: Any = None  # optim_compile.STEPS, once imported (_steps)
         self._lock = threading.Lock()
         self._wanting: "weakref.WeakSet[Any]" = weakref.WeakSet()  # modes that need module calls
         self._tls = _StepState()  # optimizer -> param groups switched to foreach
@@ -343,24 +344,28 @@ class SafePoints:
     def step_starts(self, opt: Any, args: tuple = (), kwargs: dict | None = None) -> None:
         """The start of an optimizer step: qualifying param groups run at the foreach
         level (Note [Optimizer steps at the foreach level], dispatch/optim.py)."""
-        switched = self._switched()
-        left = switched.pop(opt, None)
+        tls = self._tls
+        switched = tls.foreach
+        left = switched.pop(opt, None) if switched else None
         if left:  # the last step raised before its post hook ran
             restore_foreach(left)
-        steps = _steps(load=False)
+        steps = self._compiler or _steps(load=False)
         if steps is not None:
             steps.give_back(opt)  # likewise (Note [The optimizer step as one compiled unit])
-        stepping = self._stepping()
+        stepping = tls.stepping
+        if stepping is None:
+            stepping = self._stepping()
         nested = opt in stepping  # a subclass's step calling its base class's
         stepping.add(opt)  # Note [Probes come between optimizer steps]
-        self._tls.busy = True  # Note [A parked read costs a counter]
+        tls.busy = True  # Note [A parked read costs a counter]
         st = self.thread_stack()
         if not st:
             return
         # its step may run compiled (dispatch/optim_compile.py); if so, our instance
         # pre-hook switches it to the foreach level only when it runs eagerly (Note [The
         # foreach switch waits for the step's decision])
-        steps = _steps()
+        if steps is None:
+            steps = self._compiler = _steps()
         mode = st[-1][0]
         if not steps.attach(opt, self.thread_stack, self.switch_foreach):
             if not nested:
@@ -401,10 +406,12 @@ class SafePoints:
 
     def step_ends(self, opt: Any, *_: Any) -> None:
         """The end of an optimizer step."""
-        stepping = self._stepping()
-        stepping.discard(opt)
-        self._tls.busy = bool(stepping)
-        switched = self._tls.foreach
+        tls = self._tls
+        stepping = tls.stepping
+        if stepping:
+            stepping.discard(opt)
+        tls.busy = bool(stepping)
+        switched = tls.foreach
         if switched:
             groups = switched.pop(opt, None)
             if groups:
