@@ -444,9 +444,8 @@ def test_optim_runs_benchmark_reports_compiled_steps_and_equality(tmp_path):
         torch.set_num_threads(threads)
     rows = {r["optimizer"]: r for r in json.loads(out.read_text())}
     assert all(r["run"] == "fresh" for r in rows.values()), rows
-    # state creation, trace, one step while the check's copies are made (one thread: Note [The
-    # copies are made the step before], runtime/step_check.py), the check, then compiled
-    assert rows["adamw"]["compiles"] == 1 and rows["adamw"]["steps_compiled"] == 26, rows["adamw"]
+    # state creation, trace, the check, then compiled
+    assert rows["adamw"]["compiles"] == 1 and rows["adamw"]["steps_compiled"] == 27, rows["adamw"]
     assert rows["adamw"]["bitwise"] and rows["lbfgs"]["bitwise"]
     assert rows["lbfgs"]["steps_compiled"] == 0
     assert rows["lbfgs"]["eager_reasons"] == {"a closure (LBFGS-style step)": 30}

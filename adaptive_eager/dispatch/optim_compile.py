@@ -354,7 +354,6 @@ class StepCompiler:
         self._waiting.resume(opt)  # Note [A step waiting for its compile is not captured]
         self._threshold.charge(opt)  # Note [A step compiles once it has cost enough]
         self._speed.ended(opt, self._known.get(opt))  # Note [A compiled step slower than eager's goes back]
-        self._beside.stepped(opt)  # Note [The copies are made the step before] (runtime/step_check.py)
         held = self._pending().pop(opt, None)
         if held is None:
             return
@@ -375,8 +374,10 @@ class StepCompiler:
                 with _disable_current_modes(), torch._C.DisableTorchFunction():  # off the mode
                     entry.verdict = self._beside.compare(called, inputs, copies,
                                                          written_inputs(entry.program.gm), exact)
-                if entry.verdict.done():  # decided here (no checker thread): taken here
-                    self._take_verdict(entry, service, counters)
+                # taken here, waiting for a comparison still running on the checker: its
+                # copies go before the program's next forward (Note [The check's copies
+                # are made after the backward], runtime/step_check.py)
+                self._take_verdict(entry, service, counters)
                 return
             with torch.no_grad(), _disable_current_modes():
                 bad = next((i for i, (a, b) in enumerate(zip(inputs, copies))
@@ -457,8 +458,6 @@ class StepCompiler:
         # region.checked: its first call checked here, or by an earlier process (Note [A
         # region checked once is trusted by the next process], runtime/region_store.py)
         if not entry.region.checked:
-            if mode.options.verify_compiled and self._beside.later(opt, entry, inputs, lambda: len(mode.recorder)):
-                return _note(counters, cls, "eager: " + Why.VERIFYING) or _WAITS
             entry.region.checked = True
             if mode.options.verify_compiled:
                 # Note [The optimizer step as one compiled unit]: the first call runs on

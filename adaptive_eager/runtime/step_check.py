@@ -16,8 +16,9 @@ goes on. The clones must exist before eager's step writes the real tensors, so t
 waits for them, but makes them with the checker thread: each clones about half the bytes
 (:meth:`BesideCheck.clone`), on both cores when the machine has one to spare. Measured the
 same way (second run, load average 7.5-7.8): the check step 0.32 s of the program thread's
-CPU with the clones on its thread, 0.26 s with them shared; the next step waits for the
-verdict (90 ms CPU, its wall time whatever the checker still needs). Undone, then brought
+CPU with the clones on its thread, 0.26 s with them shared; the next step waited for the
+verdict (90 ms CPU, its wall time whatever the checker still needed); the check step now
+waits for it at its end (Note [The check's copies are made after the backward]). Undone, then brought
 back for one-thread programs: Note [No checker thread while OpenMP throttles its spin]
 and Note [A checker thread with one OpenMP thread].
 
@@ -25,10 +26,8 @@ What each part checks, and why the result stays eager's:
 - the inputs the traced step writes (params, optimizer state: :func:`written_inputs`, from
   the graph's schemas) are compared, copy against the real tensor, within the dtype's
   tolerance (bit for bit for the debugging backends), once eager's step has run. Nothing
-  but the optimizer writes them, and the optimizer's next step waits for the verdict
-  before it runs (compiled or not), so the comparison reads settled values. A program
-  that writes them between steps (weight clipping in place) can only make the check
-  fail: the step then stays eager, as it would for a real mismatch;
+  but the optimizer writes them, and the check step waits for the verdict at its end
+  (its post-hook, before the program's own), so the comparison reads settled values;
 - the inputs it only reads (grads) are not copied (Note [A step's first call copies what
   it writes], dispatch/optim_compile.py): the call reads the program's own, and their
   bits before and after it (:func:`~.checks.bits_hash`) show it wrote none; the program
@@ -50,7 +49,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-import weakref
 from typing import Any, Callable, Collection, Sequence
 
 import torch
@@ -103,60 +101,7 @@ class BesideCheck:
 
     def __init__(self) -> None:
         self._thread: DaemonThread | _Inline | None = None  # made at the first check
-        # Note [The copies are made the step before]: optimizer -> (its entry, inputs,
-        # pending), and
-        # optimizer -> its entries whose check waited a step once
-        self._watched: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
-        self._deferred: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
-        # optimizer -> (tensors, their versions, indices, Future of copies), until its next
-        # step's end at most
-        self._pre: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
-
-    def later(self, opt: Any, entry: Any, inputs: Sequence[Any], pending: Callable[[], int]) -> bool:
-        """Whether ``opt``'s first compiled step (``entry``: the optimizer's trace, with its
-        ``program.gm`` and ``region.checked``) is better checked at the next step: true once per
-        entry, when the check runs beside the program; the copies of what the step writes
-        (``inputs`` at :func:`written_inputs`) then start at this step's end
-        (:meth:`stepped`), unless ``pending()`` (captured ops not run yet) says the step's
-        writes are still to come. Note [The copies are made the step before]."""
-        deferred = self._deferred.setdefault(opt, [])
-        if any(e is entry for e in deferred) or not self.beside or any(
-                isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in inputs):
-            return False
-        deferred.append(entry)
-        self._watched[opt] = (entry, inputs, pending)
-        return True
-
-    def stepped(self, opt: Any) -> None:
-        """``opt``'s step ended (its post-hook): start the copies :meth:`later` asked for
-        (copies made at its previous step's end and not used are let go)."""
-        self._pre.pop(opt, None)
-        entry, inputs, pending = self._watched.pop(opt, (None, None, None))
-        if entry is None or entry.region.checked or pending():  # the step's writes not run yet
-            return
-        only = sorted(written_inputs(entry.program.gm))
-        tensors = [inputs[i] for i in only]
-        if all(type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter) for t in tensors) and \
-                all(t.device.type == "cpu" for t in tensors):
-            self._pre[opt] = (tensors, [t._version for t in tensors], only,
-                              self._checker().submit(_clones, tensors))
-
-    def _precloned(self, inputs: Sequence[torch.Tensor], only: Collection[int] | None) -> list | None:
-        if only is None or not self._pre:
-            return None
-        wanted = sorted(only)
-        opt = next((o for o, (ts, _, picked, _) in list(self._pre.items())
-                    if picked == wanted and all(inputs[i] is t for i, t in zip(picked, ts))), None)
-        if opt is None:
-            return None
-        tensors, versions, picked, made = self._pre.pop(opt)
-        if any(t._version != v for t, v in zip(tensors, versions)):
-            return None
-        copies = list(inputs)
-        for i, c in zip(picked, made.result()):  # the GIL is released while it waits
-            copies[i] = c
-        # a write while they were made shows in the versions
-        return copies if all(t._version == v for t, v in zip(tensors, versions)) else None
+        # Note [The check's copies are made after the backward]: none kept between steps
 
     def _checker(self) -> "DaemonThread | _Inline":
         if torch.get_num_threads() != 1:  # the program's team: Note [A checker thread with one OpenMP thread]
@@ -183,9 +128,6 @@ class BesideCheck:
         """Copies of ``inputs`` (:func:`~.checks.clone_strided`), those at ``only`` when
         given (the others are handed as they are), made by this thread and the checker's,
         about half the bytes each; returns once all are made."""
-        made_before = self._precloned(inputs, only)
-        if made_before is not None:
-            return made_before
         picked = [i for i in range(len(inputs)) if only is None or i in only]
         theirs: list[int] = []
         if self.beside:
@@ -230,24 +172,23 @@ class BesideCheck:
                     "compiled step differs from eager")
 
 
-# Note [The copies are made the step before]
+# Note [The check's copies are made after the backward]
 # The check's copies (what the step writes: params and optimizer state) must be made
-# before eager's step writes the real tensors, so the program waited for them at the
-# check step's start, sharing them with the checker (about 44 ms of its thread CPU for
-# half of the demo's 215 MB, load average 3). But nothing but the optimizer writes them
-# between two steps: so the first step that finds its compile ready runs eagerly once
-# more (:meth:`BesideCheck.later`), and at its end (the optimizer's post-hook) the copies
-# start on the checker, beside the program's next forward and backward; the next step is
-# the check step. Not while the step's own ops are still captured, to run at a later
-# flush: the real tensors hold the values before the step then, and their versions are
-# already the step's (the runtime keeps them as eager's), so the copies would be of the
-# wrong values and the check would fail (seen: a kept-cache demo run whose AdamW step then
-# stayed eager-only). The check uses them when the same tensors come with the same
-# versions (``_version``, read again once the copies are made: a write meanwhile shows);
-# otherwise it makes them as before. A write the version does not show (through ``.data``) can only
-# make the copies differ from what eager's step reads, and the check then fails: the step
-# stays eager, its values eager's. Only where the check runs beside the program (Note [A
-# checker thread with one OpenMP thread]).
+# before eager's step writes the real tensors, so the program waits for them at the check
+# step's start, sharing them with the checker (about 44 ms of its thread CPU for half of
+# the demo's 215 MB, load average 3). They were once started a step earlier instead, at
+# the end of the step that found its compile ready (run eagerly once more for that), on
+# the checker beside the program's next forward and backward: the program did not wait
+# for them, but they lived through the activations' peak. The GPT step of ``python -m
+# benchmarks.memory --workloads gpt`` (one thread, synchronous compiles: ``sync``) peaked
+# +774 MiB against eager's +563 (1.37x); with the first call unchecked (``no-verify``),
+# +627 (1.11x), the rest Inductor's loader (Note [Where the GPT step's extra memory comes
+# from], benchmarks/memory.py). Memory is never to be above eager's for a speed-up (an
+# accelerator sized for eager runs out), so the copies are made where the program holds
+# least: after its backward has freed the activations, at the check step itself, and the
+# check step waits at its end for the comparison still running on the checker (it had
+# run on beside the next forward, holding the copies), then lets them go. The demo pays
+# the wait and the copies on its check step once.
 #
 # Note [No checker thread while OpenMP throttles its spin]
 # The check first ran on a daemon thread beside the program (the demo's check step: 0.99 s
