@@ -279,3 +279,24 @@ def test_a_program_ending_while_the_checker_copies_exits_cleanly():
         assert check._thread in compiler._FINISHING  # ... let finish at exit
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("wrong", [0, 1])
+def test_a_difference_in_either_half_of_the_comparison_is_found(wrong):
+    """Beside the program the comparison is split by bytes between the checker and the
+    calling thread (which waits for the verdict anyway): a difference in either half is
+    the verdict, and equal halves pass."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        c = BesideCheck()
+        assert c.beside
+        big, small = torch.randn(4096), torch.randn(16)
+        copies = [big.clone(), small.clone()]
+        called = c.call(lambda a, b: None, copies, read_only=[])
+        assert BesideCheck.verdict(c.compare(called, [big, small], copies, [0, 1], exact=True)) is None
+        copies[wrong].add_(1.0)
+        problem = BesideCheck.verdict(c.compare(called, [big, small], copies, [0, 1], exact=True))
+    finally:
+        torch.set_num_threads(before)
+    assert problem is not None and f"optimizer step input {wrong}" in problem[0], problem

@@ -129,15 +129,7 @@ class BesideCheck:
         given (the others are handed as they are), made by this thread and the checker's,
         about half the bytes each; returns once all are made."""
         picked = [i for i in range(len(inputs)) if only is None or i in only]
-        theirs: list[int] = []
-        if self.beside:
-            mine = their_bytes = 0
-            for i in sorted(picked, key=lambda i: -inputs[i].nbytes):
-                if their_bytes < mine:
-                    theirs.append(i)
-                    their_bytes += inputs[i].nbytes
-                else:
-                    mine += inputs[i].nbytes
+        theirs = _halves(inputs, picked)[1] if self.beside else ()
         made = self._checker().submit(_clones, [inputs[i] for i in theirs])
         skip, chosen = set(theirs), set(picked)
         with torch.no_grad():
@@ -157,9 +149,20 @@ class BesideCheck:
 
     def compare(self, called: cf.Future, inputs: Sequence[torch.Tensor],
                 copies: Sequence[torch.Tensor], written: Sequence[int], exact: bool) -> cf.Future:
-        """After ``called``: each written input's copy against the real tensor."""
-        return self._checker().submit(_compare, called, list(inputs), list(copies),
-                                      tuple(written), exact)
+        """After ``called``: each written input's copy against the real tensor. Beside the
+        program, the checker compares about half the bytes and the calling thread, which
+        waits for the verdict anyway (Note [The check's copies are made after the
+        backward]), the rest; a problem this thread finds is the verdict."""
+        theirs, mine = _halves(inputs, written) if self.beside else (tuple(written), ())
+        pending = self._checker().submit(_compare, called, list(inputs), list(copies), theirs, exact)
+        if not mine:
+            return pending
+        problem = _compare(called, inputs, copies, mine, exact)
+        if problem is None:
+            return pending
+        out: cf.Future = cf.Future()
+        out.set_result(problem)
+        return out
 
     @staticmethod
     def verdict(pending: cf.Future) -> Any:
@@ -281,7 +284,24 @@ def _call(fn: Callable, args: list, read_only: tuple) -> Any:
     return None
 
 
-def _compare(called: cf.Future, inputs: list, copies: list, written: tuple, exact: bool) -> Any:
+def _halves(inputs: Sequence[torch.Tensor], picked: Sequence[int]) -> tuple[tuple, tuple]:
+    """``picked`` split in two of about the same bytes (largest first, each to the lighter
+    side): (the checker's, the calling thread's)."""
+    theirs: list[int] = []
+    mine: list[int] = []
+    their_bytes = my_bytes = 0
+    for i in sorted(picked, key=lambda i: -inputs[i].nbytes):
+        if their_bytes <= my_bytes:
+            theirs.append(i)
+            their_bytes += inputs[i].nbytes
+        else:
+            mine.append(i)
+            my_bytes += inputs[i].nbytes
+    return tuple(theirs), tuple(mine)
+
+
+def _compare(called: cf.Future, inputs: Sequence[Any], copies: Sequence[Any], written: tuple,
+             exact: bool) -> Any:
     problem = called.result()
     if problem is not None:
         return problem
