@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from ._env import OFF_WORDS, ON_WORDS  # how on and off are spelled

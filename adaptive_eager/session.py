@@ -30,10 +30,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-
 from . import config
-from ._logging import log
 from .config import Options
 from .dispatch import AdaptiveEagerMode, MetaMemo, Observer, OpTable
 from .dispatch import interrupts, parking

@@ -40,7 +40,7 @@ import logging
 import time
 from math import copysign
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping
+from typing import Any, Mapping
 
 import cachetools
 import torch
@@ -58,7 +58,7 @@ from ..fusion.scalars import lift_rule, lifted_dtype, scalar_dtype
 from ..fusion.signature import miss_cause, outline, window_key
 from .backends import backend_support, for_device, is_debugging, layout_decompositions
 from .occupancy import device_clock, span_cost
-from .cache import COLD, COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
+from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
 from .checks import indices_in_range
 from .first_call import CompiledCodeWroteInput, first_call
 from .first_call import layout_why as _why

@@ -20,7 +20,6 @@ import os
 import threading
 from typing import Any, Callable, Iterator
 
-import torch
 from torch import fx
 
 from ..hooks import HOOKS, Patch

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import io
 import math
-import random
 from typing import Any, Callable, Dict
 
 import torch
