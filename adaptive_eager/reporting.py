@@ -378,10 +378,15 @@ def format_report(stats: Stats, title: str = "adaptive_eager report") -> str:
         rows.insert(1, ("fast path", text))
     if s.replay_peak_bytes or s.window_peak_bytes:
         rows.append(("memory", memory_line(s)))
-    if s.optimizer_steps_foreach:
-        # Note [Optimizer steps at the foreach level] (dispatch/optim.py)
-        rows.append(("optimizer steps", f"{_fmt_num(s.optimizer_steps_foreach)} run at the foreach "
-                                        "level (torch.optim's multi-tensor path, equal results)"))
+    if s.optimizer_steps_foreach or s.optimizer_steps_foreach_kept:
+        # Note [Optimizer steps at the foreach level], [The foreach switch never raises the
+        # peak] (dispatch/optim.py)
+        text = (f"{_fmt_num(s.optimizer_steps_foreach)} run at the foreach level (torch.optim's "
+                "multi-tensor path, equal results)")
+        if s.optimizer_steps_foreach_kept:
+            text += (f"; {_fmt_num(s.optimizer_steps_foreach_kept)} left single-tensor: its lists "
+                     "could have raised the process's peak memory")
+        rows.append(("optimizer steps", text))
     faults = step_usage.report_line(s.steps_sampled, s.step_faults, s.step_system_s, s.step_wall_s)
     if faults:  # Note [Page faults between optimizer steps] (runtime/step_usage.py)
         rows.append(("page faults", faults))

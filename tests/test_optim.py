@@ -256,3 +256,45 @@ def test_neuron_adamw_step_is_one_launch():
     assert launches <= 3, launches
     for r, p in zip(ref_ps, ps):
         torch.testing.assert_close(p.detach().cpu(), r.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_the_foreach_switch_never_raises_the_peak(monkeypatch):
+    """Note [The foreach switch never raises the peak]: a group whose multi-tensor lists
+    could pass the process's peak keeps torch's single-tensor step (counted, reported);
+    small groups, lists within 1/32 of the resident set and platforms that cannot tell
+    switch; values are eager's either way."""
+    from adaptive_eager.dispatch import optim
+
+    def group_opt(n):
+        p = torch.nn.Parameter(torch.ones(n))
+        p.grad = torch.ones(n)
+        return O.AdamW([p], lr=0.1)
+
+    big, small = group_opt(1 << 19), group_opt(1 << 10)  # 2 MiB, 4 KiB
+    no_room = lambda: (32 << 20, 32 << 20)  # noqa: E731 - at its peak, 32 MiB resident
+    assert optim.use_foreach(big, resident=no_room) is None
+    assert big.param_groups[0]["foreach"] is None
+    assert optim.use_foreach(small, resident=no_room) == small.param_groups
+    for got in (None, (32 << 20, 36 << 20), (128 << 20, 128 << 20)):  # unknown, room, 1/32
+        switched = optim.use_foreach(big, resident=lambda: got)
+        assert switched == big.param_groups, got
+        optim.restore(switched)
+    # in a capturing runtime, with no headroom: single-tensor steps, eager's values
+    monkeypatch.setattr(optim, "resident_bytes", no_room)
+    gen = torch.Generator().manual_seed(0)
+    ps = [torch.randn(512, 512, generator=gen).requires_grad_() for _ in range(2)]
+    ref = [p.detach().clone().requires_grad_() for p in ps]
+    grads = [[torch.randn(512, 512, generator=gen) for _ in ps] for _ in range(4)]
+    for params, ctx in ((ref, contextlib.nullcontext()), (ps, _runtime(compile_after=1000))):
+        opt = O.AdamW(params, lr=1e-2)
+        ae.reset_stats()
+        with ctx:
+            for gs in grads:
+                for p, g in zip(params, gs):
+                    p.grad = g.clone()
+                opt.step()
+        assert opt.param_groups[0]["foreach"] is None
+    s = ae.stats()
+    assert s.optimizer_steps_foreach_kept == 4 and s.optimizer_steps_foreach == 0, s
+    assert "4 left single-tensor: its lists could have raised the process's peak memory" in ae.report()
+    assert all(torch.equal(a, b) for a, b in zip(ps, ref))

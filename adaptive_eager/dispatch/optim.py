@@ -10,14 +10,18 @@ Example::
     ([True], 1)
     >>> restore(switched); opt.param_groups[0]["foreach"] is None
     True
+    >>> big = torch.nn.Parameter(torch.ones(1 << 19)); big.grad = torch.ones(1 << 19)  # 2 MiB
+    >>> print(use_foreach(torch.optim.AdamW([big]), resident=lambda: (8 << 20, 8 << 20)))
+    None
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
+from ..runtime.memory import resident_bytes
 from .lazy import LazyTensor
 
 _optim = torch.optim
@@ -68,8 +72,45 @@ def qualifies(group: dict) -> bool:
     return all(_tensor_ok(p) and _tensor_ok(p.grad) for p in group["params"])
 
 
-def use_foreach(opt: torch.optim.Optimizer) -> list[dict]:
-    """Switch ``opt``'s qualifying param groups to ``foreach=True``; the groups switched.
+# Note [The foreach switch never raises the peak]
+# torch's multi-tensor step makes each intermediate for all of a group's parameters at
+# once (``_foreach_sqrt(exp_avg_sqs)``: a parameter-sized list), where the single-tensor
+# step, torch's CPU default, makes one parameter's at a time: on the CPU the switch holds
+# up to one more copy of the parameters during the step. After a backward that is under
+# the activations' peak, but where the step holds most of the memory (no activations: an
+# optimizer over large parameters, a fine-tune at batch 1) it raised the process's peak:
+# ``python -m benchmarks.memory --workloads adamw-step --modes eager,no-verify`` (AdamW
+# over the GPT's 49.6 MiB of parameters, its compile not ready in the measured steps):
+# +57.4 MiB eagerly, +114.9 MiB switched. Memory is not to be above eager's for a
+# speed-up, so on the CPU a group whose lists are larger than the process's headroom (how
+# far its resident set is below its own peak so far: runtime/memory.py) keeps torch's
+# single-tensor step. Lists within 1/FOREACH_SHARE of the resident set switch whatever
+# the headroom (100 tensors of 24-32 KiB: 2.9 MiB, which single-tensor would capture as
+# ~1,200 ops instead of 8), as do groups under FOREACH_FREE_BYTES (without reading the
+# headroom, ~30 µs) and any where the platform cannot tell (no /proc). The step's values
+# are the same either way (FOREACH_EQUAL); the report counts the steps left single-tensor.
+FOREACH_FREE_BYTES = 1 << 20
+FOREACH_SHARE = 32
+
+
+def _fits(groups: list[dict], resident: Callable[[], tuple[int, int] | None] | None) -> bool:
+    size = sum(p.nbytes for g in groups for p in g["params"]
+               if p.grad is not None and p.device.type == "cpu")
+    if size < FOREACH_FREE_BYTES:
+        return True
+    got = (resident or resident_bytes)()
+    if got is None:
+        return True
+    now, peak = got
+    return size <= max(peak - now, now // FOREACH_SHARE)
+
+
+def use_foreach(opt: torch.optim.Optimizer,
+                resident: Callable[[], tuple[int, int] | None] | None = None) -> list[dict] | None:
+    """Switch ``opt``'s qualifying param groups to ``foreach=True``; the groups switched,
+    or None when they qualify but their lists could raise the process's peak
+    (``resident()``: the resident set and its peak, default
+    :func:`~..runtime.memory.resident_bytes`: Note [The foreach switch never raises the peak]).
 
     Only for optimizer classes in :data:`FOREACH_EQUAL` (exact type). Hand the result to
     :func:`restore` when the step is over.
@@ -77,6 +118,8 @@ def use_foreach(opt: torch.optim.Optimizer) -> list[dict]:
     if type(opt) not in FOREACH_EQUAL:
         return []
     switched = [g for g in opt.param_groups if qualifies(g)]
+    if switched and not _fits(switched, resident):
+        return None
     for g in switched:
         g["foreach"] = True
     return switched
@@ -89,4 +132,4 @@ def restore(groups: Iterable[dict]) -> None:
             g["foreach"] = None
 
 
-__all__ = ["FOREACH_EQUAL", "qualifies", "use_foreach", "restore"]
+__all__ = ["FOREACH_EQUAL", "FOREACH_FREE_BYTES", "FOREACH_SHARE", "qualifies", "use_foreach", "restore"]

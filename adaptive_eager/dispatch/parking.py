@@ -383,6 +383,8 @@ class SafePoints:
         if groups:
             self._switched()[opt] = groups
             self.counters.optimizer_steps_foreach += 1
+        elif groups is None:  # Note [The foreach switch never raises the peak] (optim.py)
+            self.counters.optimizer_steps_foreach_kept += 1
 
     def restore_foreach(self) -> None:
         """Every group this thread switched and did not restore yet gets foreach=None back

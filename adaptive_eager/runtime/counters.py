@@ -104,6 +104,8 @@ class Counters:
     meta_hits: int = 0
     meta_misses: int = 0
     optimizer_steps_foreach: int = 0  # torch.optim steps run at the foreach level (dispatch/optim.py)
+    # ... left single-tensor: their lists could have raised the process's peak (dispatch/optim.py)
+    optimizer_steps_foreach_kept: int = 0
     optimizer_steps_compiled: int = 0  # torch.optim steps run as one compiled function (dispatch/optim_compile.py)
     # "Class|what" -> count: signatures, compiles, compiled steps, "eager: <why>" per class
     optimizer_step_kinds: Counter = field(default_factory=Counter)

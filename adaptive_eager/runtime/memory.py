@@ -47,4 +47,24 @@ def window_budget(options: Any) -> int:
     return CPU_BUDGET
 
 
-__all__ = ["window_budget", "CPU_BUDGET", "ACCELERATOR_SHARE"]
+def resident_bytes() -> tuple[int, int] | None:
+    """The process's resident set now and its peak so far (``VmRSS``, ``VmHWM``: Linux),
+    in bytes; None where the platform cannot tell. One read of ``/proc/self/status``
+    (~30 µs).
+
+    >>> got = resident_bytes()
+    >>> got is None or 0 < got[0] <= got[1]
+    True
+    """
+    try:
+        with open("/proc/self/status", "rb") as f:
+            data = f.read()
+        now = data.index(b"VmRSS:")
+        peak = data.index(b"VmHWM:")
+        return (int(data[now + 6:data.index(b"kB", now)]) << 10,
+                int(data[peak + 6:data.index(b"kB", peak)]) << 10)
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = ["window_budget", "resident_bytes", "CPU_BUDGET", "ACCELERATOR_SHARE"]
