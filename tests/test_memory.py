@@ -301,11 +301,38 @@ def test_close_agrees_with_allclose_nan_and_infinity_included():
             for x, y in list(pairs[:2]):
                 x, y = x.clone(), y.clone()
                 y[7] = special
-                pairs.append((x, y.clone()))          # on one side
+                pairs.append((x.clone(), y.clone()))  # on one side (x is written next)
                 x[7] = special
                 pairs.append((x, y))                  # the same on both sides
         for x, y in pairs:
             assert close(x, y) == torch.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("at", ["first", "last", "boundary"])
+def test_close_in_chunks_agrees_with_allclose(monkeypatch, at):
+    """Note [Close within atol in chunks]: pairs longer than a chunk (a small one here) are
+    compared through one buffer; a difference, a NaN or an infinity in the first chunk, the
+    last (partial) one or at a chunk boundary decides as torch.allclose does; non-contiguous
+    pairs take the whole-tensor path."""
+    from adaptive_eager.runtime import checks
+
+    monkeypatch.setattr(checks, "CLOSE_CHUNK", 1000)
+    monkeypatch.setattr(checks, "_FAST_CLOSE_NUMEL", 100)
+    chunked = []
+    real_sub = torch.sub
+    monkeypatch.setattr(torch, "sub", lambda *a, **k: chunked.append("out" in k) or real_sub(*a, **k))
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(3 * 1000 + 17, generator=g)
+    i = {"first": 3, "last": a.numel() - 2, "boundary": 2000}[at]
+    rtol, atol = checks._TOL[torch.float32]
+    for value in (1e-7, 1e-3, float("nan"), float("inf")):
+        b = a + 1e-9
+        b[i] = a[i] + value if value < 1 else value
+        for x, y in ((a, b), (a.view(-1, 1).expand(-1, 2).t(), b.view(-1, 1).expand(-1, 2).t())):
+            want = torch.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True)
+            assert checks.close(x, y) == want, (value, x.is_contiguous())
+    assert checks.close(a, a + 1e-9)
+    assert any(chunked) and not all(chunked)  # both paths taken
 
 
 # -- the emulated device: a training loop's device memory ---------------------------------
