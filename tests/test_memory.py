@@ -266,9 +266,8 @@ def test_summaries_of_finite_tensors_equal_the_masked_formula():
     def masked(t):
         finite = torch.isfinite(t)
         x = torch.where(finite, t, 0).to(torch.float64)
-        nan = int(torch.isnan(t).sum())
-        return (tuple(t.shape), t.dtype, float(x.sum()), float(x.abs().sum()), nan,
-                int(t.numel() - nan - finite.sum()))
+        return (tuple(t.shape), t.dtype, float(x.sum()), float(x.abs().sum()),
+                int(torch.isnan(t).sum()), int(torch.isposinf(t).sum()), int(torch.isneginf(t).sum()))
 
     g = torch.Generator().manual_seed(0)
     cases = [torch.randn(1000, generator=g), torch.randn(37, 5, generator=g).to(torch.bfloat16),
@@ -284,6 +283,11 @@ def test_summaries_of_finite_tensors_equal_the_masked_formula():
         assert abs(got[2] - want[2]) <= 1e-6 * scale and abs(got[3] - want[3]) <= 1e-6 * scale, (got, want)
     t64 = torch.randn(5000, dtype=torch.float64, generator=g)  # float64 sums in float64
     assert summary(t64)[2:4] == pytest.approx(masked(t64)[2:4], rel=1e-12, abs=1e-12)
+    # infinities that changed sign are not eager's (they were counted together)
+    from adaptive_eager.runtime.checks import summaries_close
+    pos, neg = torch.tensor([1.0, float("inf")]), torch.tensor([1.0, -float("inf")])
+    assert not summaries_close(summary(pos), summary(neg))
+    assert summaries_close(summary(pos), summary(pos.clone()))
 
 
 def test_close_agrees_with_allclose_nan_and_infinity_included():

@@ -196,8 +196,9 @@ def bits_hash(t: torch.Tensor) -> int:
 def summary(t: torch.Tensor) -> tuple:
     """What a lean check compares of an output (Note [The first compiled call runs on
     copies], runtime/compiled.py): its metadata, and for floating values the sum and the
-    sum of magnitudes of its finite elements (in float64) and its NaN and infinity counts;
-    other dtypes by :func:`bits_hash`."""
+    sum of magnitudes of its finite elements (in float64) and its counts of NaN, +inf and
+    -inf (an output whose infinities changed sign is not eager's); other dtypes by
+    :func:`bits_hash`."""
     meta = (tuple(t.shape), t.dtype)
     if t.is_complex():
         t = torch.view_as_real(t)
@@ -217,11 +218,11 @@ def summary(t: torch.Tensor) -> tuple:
     # whole tensor was 2% off.
     total, norm1 = _chunk_sums(t)
     if math.isfinite(total) and math.isfinite(norm1):
-        return meta + (total, norm1, 0, 0)
+        return meta + (total, norm1, 0, 0, 0)
     finite = torch.isfinite(t)
     x = torch.where(finite, t, 0).to(torch.float64)
-    nan = int(torch.isnan(t).sum())
-    return meta + (float(x.sum()), float(x.abs().sum()), nan, int(t.numel() - nan - finite.sum()))
+    return meta + (float(x.sum()), float(x.abs().sum()), int(torch.isnan(t).sum()),
+                   int((t == math.inf).sum()), int((t == -math.inf).sum()))
 
 
 _CHUNK = 1 << 20
