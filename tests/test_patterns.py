@@ -144,10 +144,17 @@ def test_default_options_count_the_run(name):
 
 
 @pytest.mark.parametrize("name", list(PATTERNS))
-def test_default_options_park_with_a_reason(name):
+def test_default_options_park_with_a_reason(name, monkeypatch):
     """Nothing pays at these sizes: after the eager warm-up each program measures, or
     captures a little, then parks, and says why; reads and optimizer steps are counted
-    whatever the phase; the report says where the warm-up ended."""
+    whatever the phase; the report says where the warm-up ended. The measure's threshold
+    is ten times the real one here: under CI's load loss_print's ops once read 64 µs
+    each (112 µs the first measure) against the real 60 µs, it captured, and the short
+    run ended capturing (the measure's verdicts: tests/test_phases.py)."""
+    from adaptive_eager.runtime import adapt
+
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 10 * adapt.MEASURE_NS_PER_OP)
+    monkeypatch.setattr(adapt, "LAUNCH_MEASURE_NS_PER_OP", 10 * adapt.LAUNCH_MEASURE_NS_PER_OP)
     r = _run(name, "default")
     s = r.stats
     assert s.reads >= _min_reads(name, r.actual), s.reads

@@ -66,11 +66,14 @@ def test_first_iteration_is_eager_and_a_read_starts_capture(monkeypatch):
     assert "capture started" in ae.report()
 
 
-def test_tiny_ops_are_measured_and_never_captured():
+def test_tiny_ops_are_measured_and_never_captured(monkeypatch):
     """Note [Measure before capturing]: after the warm-up, ops too cheap for capture to pay
     are passed through and counted, then the mode parks: nothing is captured, the report
-    says why, and values equal eager's."""
+    says why, and values equal eager's. The threshold is ten times the real one (ops of 16
+    elements take ~10 µs; under CI's load such ops once read above the real 60 µs)."""
     from adaptive_eager.runtime import adapt
+
+    monkeypatch.setattr(adapt, "MEASURE_NS_PER_OP", 10 * adapt.MEASURE_NS_PER_OP)
 
     x = torch.randn(16)
     ref = [float(((x * i + 1).sin() * 2).sum()) for i in range(60)]
