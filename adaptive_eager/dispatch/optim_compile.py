@@ -555,7 +555,7 @@ def _post_hook(opt: Any, args: tuple, kwargs: dict) -> None:
         STEPS._threshold.charge(opt)
         return
     stack = STEPS.thread_stack
-    if (stack is None or not stack()) and not getattr(STEPS._tls, "groups", None):
+    if (stack is None or not stack()) and not getattr(tls, "groups", None):
         return  # no runtime in this thread (its pre-hook did nothing) and no groups held
     STEPS.after_step(opt)
 

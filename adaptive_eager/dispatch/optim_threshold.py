@@ -166,6 +166,17 @@ class _Spent:
         self.cheap_key = f"{cls}|eager: {Why.CHEAP}"
 
 
+def _spent_enough(rec: _Spent, mode: Any) -> bool:
+    """Whether ``rec``'s eager steps have cost the threshold (optimizer_step_after_ms)."""
+    return rec.ns >= mode.options.optimizer_step_after_ms * 1e6
+
+
+def _lookup_due(rec: _Spent, opt: Any, has_service: bool) -> bool:
+    """Whether ``opt``'s signature is to be looked up in the index now: once, from its
+    first step with state, where there is a compile service."""
+    return bool(opt.state) and has_service and not rec.looked_up
+
+
 class CostThreshold:
     """Per optimizer: its eager steps' cost so far, and whether its signature was looked
     up in the index (see the Notes above); one record an optimizer (:class:`_Spent`).
@@ -206,15 +217,14 @@ class CostThreshold:
         session already (``compiled_here``) or saved before skips it (looked up once there
         is a compile ``service``: Note [A cheap step does not build the compile pipeline],
         optim_compile.py)."""
-        after_ns = mode.options.optimizer_step_after_ms * 1e6
         rec = self._record(opt)
-        if rec.ns >= after_ns:
+        if _spent_enough(rec, mode):
             return False
-        if opt.state and service is not None and not rec.looked_up:  # once, from its first step with state
+        if _lookup_due(rec, opt, service is not None):  # once, from its first step with state
             rec.looked_up = True
             got = gather(opt, self.plain)
             if not isinstance(got, str) and (compiled_here(got) or saved_before(getattr(service, "store", None), got)):
-                rec.ns = int(after_ns)
+                rec.ns = int(mode.options.optimizer_step_after_ms * 1e6)
                 with mode.counters.lock:
                     mode.counters.optimizer_step_kinds[f"{type(opt).__name__}|saved before: no threshold"] += 1
                 return False
@@ -239,10 +249,12 @@ class CostThreshold:
         now; the caller counts it under the record's ``cheap_key``); None: the general
         path decides."""
         rec = self._records.get(opt)
-        if rec is None or rec.ns >= mode.options.optimizer_step_after_ms * 1e6:
+        if rec is None or _spent_enough(rec, mode):
             return None
-        if not rec.looked_up and opt.state and getattr(mode.executor, "built", True):
-            return None  # its one look-up is due (cheap())
+        # its one look-up is due where the executor (the compile service's owner) is built
+        # (Note [A cheap step does not build the compile pipeline], optim_compile.py)
+        if _lookup_due(rec, opt, getattr(mode.executor, "built", True)):
+            return None
         rec.started = (time.thread_time_ns(), None, 0)  # a parked step runs no flush
         return rec
 

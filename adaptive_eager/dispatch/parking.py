@@ -352,9 +352,7 @@ class SafePoints:
         steps = self._compiler or _steps(load=False)
         if steps is not None:
             steps.give_back(opt)  # likewise (Note [The optimizer step as one compiled unit])
-        stepping = tls.stepping
-        if stepping is None:
-            stepping = self._stepping()
+        stepping = self._stepping()
         nested = opt in stepping  # a subclass's step calling its base class's
         stepping.add(opt)  # Note [Probes come between optimizer steps]
         tls.busy = True  # Note [A parked read costs a counter]

@@ -286,18 +286,16 @@ def _call(fn: Callable, args: list, read_only: tuple) -> Any:
 
 def _halves(inputs: Sequence[torch.Tensor], picked: Sequence[int]) -> tuple[tuple, tuple]:
     """``picked`` split in two of about the same bytes (largest first, each to the lighter
-    side): (the checker's, the calling thread's)."""
-    theirs: list[int] = []
-    mine: list[int] = []
-    their_bytes = my_bytes = 0
+    side; the first half gets the largest): :meth:`BesideCheck.compare` hands the first to
+    the checker, :meth:`BesideCheck.clone` the second (the program's thread clones the
+    largest, as before the split was shared)."""
+    halves: tuple[list[int], list[int]] = ([], [])
+    sizes = [0, 0]
     for i in sorted(picked, key=lambda i: -inputs[i].nbytes):
-        if their_bytes <= my_bytes:
-            theirs.append(i)
-            their_bytes += inputs[i].nbytes
-        else:
-            mine.append(i)
-            my_bytes += inputs[i].nbytes
-    return tuple(theirs), tuple(mine)
+        side = 0 if sizes[0] <= sizes[1] else 1
+        halves[side].append(i)
+        sizes[side] += inputs[i].nbytes
+    return tuple(halves[0]), tuple(halves[1])
 
 
 def _compare(called: cf.Future, inputs: Sequence[Any], copies: Sequence[Any], written: tuple,
