@@ -154,6 +154,39 @@ def test_policy_warmup_ends_at_a_probe_when_the_program_never_syncs():
     assert not DeferPolicy(enabled=False, warmup=True).warming
 
 
+def test_an_optimizer_born_at_a_freed_ones_address_is_seen_for_the_first_time():
+    """Note [The first iteration ends where a boundary recurs]: the policy outlives blocks
+    with equal options; a later block's new optimizer at the address of one freed after an
+    earlier block was taken as that optimizer's second step (the warm-up ended inside its
+    first iteration, which was then measured). It is known by a weak reference now."""
+    import gc
+
+    m = torch.nn.Linear(4, 1)
+
+    def one_iteration(opt):
+        with ae.adaptive_eager(**WARM):
+            opt.zero_grad()
+            m(torch.randn(8, 4)).mean().backward()
+            opt.step()
+
+    dead = set()  # the addresses of optimizers already stepped once and freed
+    for _ in range(200):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        if id(opt) in dead:
+            break
+        one_iteration(opt)
+        assert not ae.stats().warmup_ended
+        dead.add(id(opt))
+        del opt
+        gc.collect()
+    else:
+        pytest.skip("no optimizer was born at a freed one's address")
+    ae.reset_stats()
+    one_iteration(opt)
+    s = ae.stats()
+    assert not s.warmup_ended and s.ops_passthrough == 0, (s.warmup_ended, s.ops_passthrough)
+
+
 def test_two_optimizers_warm_up_through_the_whole_first_iteration():
     """Note [The first iteration ends where a boundary recurs]: with two optimizers (a
     GAN's discriminator and generator steps) the first step's end is the middle of the

@@ -441,7 +441,11 @@ class SafePoints:
         seen(mode, False)
         if mode.policy.warming:
             # Note [The first iteration runs eagerly], [The first iteration ends where a boundary recurs]
-            end_warmup(mode, "optimizer step", None, ("step", id(opt)))
+            # a weak reference, not id(opt): the policy outlives blocks, and a later
+            # block's optimizer can be born at a freed one's address (seen first, it read
+            # as recurring: its first iteration was measured). A dead referent's reference
+            # equals no other.
+            end_warmup(mode, "optimizer step", None, ("step", weakref.ref(opt)))
         elif not mode._parked and len(mode.recorder):
             # Note [Optimizer steps end windows]
             # A program that reads nothing every step (loss read every N steps) has its

@@ -458,7 +458,9 @@ class DeferPolicy:
     # same optimizer's step ending again or a read at the same line of the program again;
     # the first sighting of each is only noted. A program that runs its loop once runs it
     # all eagerly; one that loops runs its first iteration and the start of its second (up
-    # to the recurring boundary) eagerly, then measures.
+    # to the recurring boundary) eagerly, then measures. An optimizer is known by a weak
+    # reference to it, not its id: this policy outlives blocks, and a later block's new
+    # optimizer born at a freed one's address read as its second sighting.
     def end_warmup(self, boundary: Any = None) -> bool:
         """Start capturing (Note [The first iteration runs eagerly]) at the second sighting
         of ``boundary`` (any sighting when None); True if the warm-up ended now."""
