@@ -194,6 +194,43 @@ def test_paced_imports_sleep_in_proportion_until_ready(tmp_path, monkeypatch):
     assert not any(type(f).__name__ == "_Finder" for f in sys.meta_path)
 
 
+def test_a_paced_thread_pauses_without_the_global_import_lock(tmp_path, monkeypatch):
+    """Note [A paced import pauses without the import lock]: importlib holds the global
+    import lock while it asks each finder, so a paced thread that slept in our finder made
+    every other thread's new import wait for its pause (a thread importing 60 new modules
+    beside it waited 1,083 ms in all). Now another thread's imports wait for none of it."""
+    import importlib
+    import threading
+    import time
+
+    from adaptive_eager.runtime.pacing import paced
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = _busy_modules(tmp_path, "ae_paced_", 30, 4)
+    wanted = _busy_modules(tmp_path, "ae_wanted_", 30, 0)
+    started, pauses = threading.Event(), []
+
+    def load():
+        with paced(lambda: False, share=0.2) as pacer:
+            started.set()
+            for name in loaded:
+                importlib.import_module(name)
+        pauses.append(pacer.paused_s)
+
+    t = threading.Thread(target=load)
+    t.start()
+    started.wait()
+    waited = 0.0
+    for name in wanted:
+        t0 = time.perf_counter()
+        importlib.import_module(name)
+        waited += time.perf_counter() - t0
+        time.sleep(0.01)
+    t.join()
+    assert pauses[0] > 0.2, pauses  # it did pause while this thread imported
+    assert waited < pauses[0] / 4, (waited, pauses)
+
+
 def test_the_worker_is_held_only_while_the_paced_thread_runs(tmp_path, monkeypatch):
     """Note [The worker waits while the loader runs]: ``hold(True)`` when the paced thread
     runs, ``hold(False)`` before each pause, once ready and at the block's end; and the

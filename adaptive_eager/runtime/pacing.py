@@ -15,6 +15,7 @@ Example::
 """
 from __future__ import annotations
 
+import _imp
 import contextlib
 import sys
 import threading
@@ -40,7 +41,8 @@ from ..hooks import HOOKS, Hook, Patch
 # ``sys.meta_path`` finder that finds nothing) and each package ``torch_key`` hashes
 # (Inductor's ``build_code_hash``). A pause is at most ``MAX_PAUSE_S`` (the rest is owed
 # and paid at the next check): the thread sleeps inside an import, holding that module's
-# import lock, which the program's thread may want. Once ``ready()`` says the reply is
+# import lock, which the program's thread may want (but not the global one: Note [A
+# paced import pauses without the import lock]). Once ``ready()`` says the reply is
 # there, pacing stops and the rest runs at full speed: the region is waiting for it then.
 # Both checks are rows of the hooks registry (group ``paced``), installed for the
 # warm-up and undone after it; they act only on the thread being paced.
@@ -79,14 +81,16 @@ class Pacer:
         """No hold from now on (the block ends)."""
         self._held(False)
 
+    def due(self) -> bool:
+        """Whether :meth:`check` would ask ``ready()`` or pause now."""
+        return not self.done and (self._owed > 0 or time.thread_time() - self.mark >= SLICE_S)
+
     def check(self) -> None:
         """Sleep what this thread owes, unless ``ready()``: then never again."""
-        if self.done:
+        if not self.due():
             return
         now = time.thread_time()
         spent = now - self.mark
-        if spent < SLICE_S and self._owed <= 0:
-            return
         if self.ready():
             self.done = True
             self._held(False)
@@ -107,11 +111,36 @@ def _check() -> None:
         pacer.check()
 
 
+# Note [A paced import pauses without the import lock]
+# importlib asks each ``sys.meta_path`` finder for a spec holding the global import lock
+# (``_find_spec``'s ``_ImportLockContext``), so a paced thread that slept inside our finder
+# held it for its pause, up to MAX_PAUSE_S: every import of a new module in any other
+# thread waited. The program's thread imports the runtime's own modules lazily in its
+# first captured steps (the fusion pipeline, the step compiler), exactly while the loader
+# is paced: a 300-step AdamW run of a tiny model spent 162 ms of its ~460 waiting in
+# ``_imp.acquire_lock`` (cProfile); a thread importing 60 new modules beside a paced one
+# waited 1,083 ms (``tests/test_first_compile.py``'s test, made from this). So the finder
+# gives the lock back while it sleeps and takes it again before it returns (it finds
+# nothing, so there is nothing the lock guards in between). Where this thread holds it
+# more than once (an import inside a finder of its own), one release does not free it:
+# it then does not pause there; what it owes is paid at its next check.
 class _Finder:
     """A ``sys.meta_path`` finder that finds nothing: it lets a paced thread pause."""
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        _check()
+        pacer = getattr(_LOCAL, "pacer", None)
+        if pacer is None or not pacer.due():
+            return None
+        try:
+            _imp.release_lock()
+        except RuntimeError:  # not ours (a caller outside importlib): pause as it is
+            pacer.check()
+            return None
+        try:
+            if not _imp.lock_held():  # held still: by this thread twice, or raced by another
+                pacer.check()
+        finally:
+            _imp.acquire_lock()
         return None
 
 
