@@ -145,18 +145,20 @@ def test_async_compile_keeps_running_eagerly_then_switches():
     assert c.regions_compiled == 1 and c.compiled_calls >= 1 and c.compiles_in_flight == 0
 
 
-def test_slow_compiled_region_is_demoted():
-    def slow(gm, example_inputs):
-        def call(*args):
-            time.sleep(0.2)
-            return gm(*args)
-        return call
+def _slow(gm, example_inputs):
+    """A backend whose compiled code is 0.2 s slower a call than eager."""
+    def call(*args):
+        time.sleep(0.2)
+        return gm(*args)
+    return call
 
+
+def test_slow_compiled_region_is_demoted():
     x = torch.randn(N)
     for _ in range(8):
         # The pass-through policy would not even compile this cheap chain (Note [Windows
         # that cannot pay for their capture are not compiled]); this tests demotion.
-        with ae.adaptive_eager(backend=slow, compile_after=3, async_compile=False,
+        with ae.adaptive_eager(backend=_slow, compile_after=3, async_compile=False,
                                adaptive_passthrough=False):
             y = _chain(x)
         torch.testing.assert_close(y, _chain(x))
@@ -474,7 +476,7 @@ def test_a_program_ending_while_an_in_process_compile_runs_exits_cleanly():
             return gm
         x = torch.randn(1 << 16)
         for _ in range(3):
-            with ae.adaptive_eager(backend=slow, compile_after=1, async_compile=True,
+            with ae.adaptive_eager(backend=_slow, compile_after=1, async_compile=True,
                                    adaptive_passthrough=False):
                 y = torch.sigmoid((x * 2.0 + 1.0).relu()) * x
         print(float(y.sum()), flush=True)
@@ -555,3 +557,26 @@ def test_a_compiled_windows_eager_time_is_measured_again_once():
     eager_ns = history.eager_ns
     run()
     assert history.eager_ns == eager_ns  # once
+
+
+def test_a_trusted_region_is_timed_eagerly_once_and_demoted_when_slower(monkeypatch):
+    """Note [A region never run eagerly is timed eagerly once]: a region whose first call
+    is not checked (an earlier process checked it: trusted) had no eager time, so it was
+    never demoted however slow; now after its timed calls it runs eagerly once, timed."""
+    from adaptive_eager.runtime import compiled as C
+
+    def trusted(ex, window, step, entry, env, args, floats):  # as a region checked before
+        entry.checked = True
+        ex._call_compiled(window, step, entry, env, floats)
+        return True
+
+    monkeypatch.setattr(C, "first_call", trusted)
+
+    x = torch.randn(N)
+    for _ in range(8):
+        with ae.adaptive_eager(backend=_slow, compile_after=1, async_compile=False,
+                               adaptive_passthrough=False):
+            y = _chain(x)
+        torch.testing.assert_close(y, _chain(x), rtol=0, atol=0)
+    c = session.counters()
+    assert c.demotions == 1 and c.compiled_calls == 3, (c.demotions, c.compiled_calls)

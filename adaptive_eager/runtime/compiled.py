@@ -434,6 +434,9 @@ class CompiledExecutor(Executor):
         if not entry.checked:
             self._first_call(window, step, entry, env, args, floats)
             return
+        if self.demote and not entry.eager_ns and len(entry.compiled_ns) >= _TIMED_CALLS:
+            self._time_eager_once(window, step, entry, env, floats)
+            return
         written = [args[j] for j in step.mutated if not args[j].is_inference()]
         versions = [t._version for t in written]
         timed = len(entry.compiled_ns) < _TIMED_CALLS and self.demote
@@ -500,6 +503,26 @@ class CompiledExecutor(Executor):
         lowered = lower(window, region)
         found = self.compiler.explain_layout(lowered.module, lowered.example_inputs())
         return f" [layout: {found.describe()}]" if found is not None else ""
+
+    # Note [A region never run eagerly is timed eagerly once]
+    # A region is demoted when its timed compiled calls are no faster than its eager runs
+    # (_maybe_demote), which come from its sightings while it compiled and from its first
+    # call's check. A region an earlier process compiled and checked has neither: loaded
+    # from disk at its first sighting and trusted (Note [A region checked once is trusted
+    # by the next process]), it was never run eagerly, so it was never demoted, however
+    # slow. The GPT train step on this 2-core CPU (``python -m benchmarks.train_interleave
+    # --workload gpt-train``): a process that compiled its forward-backward region found
+    # it slower and demoted it (adaptive 1.11x eager, torch.compile 1.08x, same run); the
+    # next process loaded it from disk and kept it (adaptive 0.88x, torch.compile 0.96x).
+    # So after its timed compiled calls, such a region runs eagerly once, timed, and is
+    # judged as any other: one eager run of it, what eager would have spent.
+    def _time_eager_once(self, window: Window, step: Step, entry: RegionEntry, env: dict,
+                         floats: list) -> None:
+        """Note [A region never run eagerly is timed eagerly once]."""
+        t0 = time.perf_counter_ns()
+        self._run_eager(window, step, env, floats)
+        entry.eager_ns.append(time.perf_counter_ns() - t0)
+        self._maybe_demote(entry)
 
     def _maybe_demote(self, entry: RegionEntry) -> None:
         if len(entry.compiled_ns) < _TIMED_CALLS or not entry.eager_ns:
