@@ -309,3 +309,21 @@ def test_settling_waits_for_optimizer_steps_still_under_their_threshold():
     warm, extra, times, _before, _after = worker._timed_loop(one, 2, 3, Api(), 60.0, wl)
     # warm-up 2; then threshold steps to 12 and the compile in flight to 15; then 5 quiet
     assert extra >= 15 + worker.SETTLE_QUIET - 2 and len(times) == 3
+
+
+def test_train_interleave_runs_the_variants_in_rotating_rounds(capsys):
+    """``python -m benchmarks.train_interleave``: each variant's step runs ``rounds x chunk``
+    times after its warm-up; adaptive settles until its optimizer step compiled (backend
+    eager here, so quick) and its timed steps ran compiled; a bad variant names itself."""
+    from adaptive_eager.benchmarks import train_interleave
+
+    assert train_interleave.main(["--workload", "gpt-train", "--quick", "--rounds", "3", "--chunk", "2",
+                                  "--variants", "eager,adaptive", "--options", "backend=eager",
+                                  "--threads", str(__import__("torch").get_num_threads())]) == 0
+    out = capsys.readouterr()
+    assert "3 rounds x 2 steps" in out.out and "eager/adaptive" in out.out, out.out
+    compiled = int(out.out.split("optimizer steps compiled ")[1].split(",")[0])
+    assert compiled == 6, out.out  # every timed adaptive step: settled before timing
+    with pytest.raises(SystemExit):
+        train_interleave.main(["--variants", "eager,fast"])
+    assert "unknown variant fast" in capsys.readouterr().err

@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import sys
-import time
 from typing import Any, Callable, Dict, List
 
 import torch
 
 from .workloads import Context
+from .train_interleave import print_variants, rotating_rounds
 from .workloads._optim_step import build_step
 
 _CLASSES: Dict[str, tuple] = {
@@ -90,29 +89,13 @@ def main(argv: List[str] | None = None) -> int:
                 print(f"{v}: warm-up steps compiled {ae.stats().optimizer_steps_compiled}", file=sys.stderr)
         finally:
             optim_compile.kernel_threads = saved
-    wall: Dict[str, List[float]] = {v: [] for v in variants}
-    cpu: Dict[str, List[float]] = {v: [] for v in variants}
     ae.reset_stats()
-    for r in range(a.rounds):
-        order = variants[r % len(variants):] + variants[:r % len(variants)]
-        for v in order:
-            ctx, step = contexts[v], steps[v]
-            with (ctx() if ctx is not None else contextlib.nullcontext()):
-                for _ in range(a.chunk):
-                    w0, c0 = time.perf_counter(), time.thread_time()
-                    step()
-                    cpu[v].append(time.thread_time() - c0)
-                    wall[v].append(time.perf_counter() - w0)
+    contexts = {v: (c if c is not None else contextlib.nullcontext) for v, c in contexts.items()}
+    wall, cpu = rotating_rounds(variants, steps, contexts, a.rounds, a.chunk)
     load1 = os.getloadavg()[0]
     print(f"{a.workload}: {a.rounds} rounds x {a.chunk} steps, {a.threads} threads, load average "
           f"{load0:.2f} -> {load1:.2f}; compiled steps in the timed rounds {ae.stats().optimizer_steps_compiled}")
-    base = statistics.median(wall["eager"]) if "eager" in wall else None
-    for v in variants:
-        med = statistics.median(wall[v])
-        p10 = sorted(wall[v])[len(wall[v]) // 10]
-        ratio = f"{base / med:5.2f}x" if base else ""
-        print(f"  {v:12s} wall median {med * 1e3:7.3f} ms  p10 {p10 * 1e3:7.3f} ms  "
-              f"cpu median {statistics.median(cpu[v]) * 1e3:7.3f} ms  {ratio}")
+    print_variants(wall, cpu)
     return 0
 
 
