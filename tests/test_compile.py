@@ -476,7 +476,7 @@ def test_a_program_ending_while_an_in_process_compile_runs_exits_cleanly():
             return gm
         x = torch.randn(1 << 16)
         for _ in range(3):
-            with ae.adaptive_eager(backend=_slow, compile_after=1, async_compile=True,
+            with ae.adaptive_eager(backend=slow, compile_after=1, async_compile=True,
                                    adaptive_passthrough=False):
                 y = torch.sigmoid((x * 2.0 + 1.0).relu()) * x
         print(float(y.sum()), flush=True)
