@@ -36,7 +36,7 @@ from .runtime.counters import Counters, parked_ops_estimate
 # Counters' own (counters become plain dicts, ordered most frequent first), minus
 # Counters' bookkeeping (_INTERNAL), plus what the snapshot derives (fallback_reasons)
 # and ``extra`` (counters of subclasses). A new counter is a new Stats field at once.
-_INTERNAL = {"lock", "sources_wanted", "mark_step", "mark_read"}  # Counters' bookkeeping, not statistics
+_INTERNAL = {"lock", "sources_wanted", "mark_step", "mark_read", "regions_landed"}  # Counters' bookkeeping, not statistics
 _DERIVED = (  # fields only the snapshot has: (name, type, default factory)
     ("fallback_reasons", "dict[str, tuple[str, ...]]", dict),
     ("extra", "dict[str, Any]", dict),

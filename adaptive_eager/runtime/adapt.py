@@ -117,6 +117,7 @@ class DeferPolicy:
 
     def __init__(self, enabled: bool = True, patience: int = 8, probe_every: int = 20_000,
                  novel_patience: int = 48, in_flight: Callable[[], int] | None = None,
+                 landed: Callable[[], int] | None = None,
                  warmup: bool = False, measure: bool = False, launch_bound: bool = False,
                  backlog: Callable[[], int] | None = None,
                  device_time: Callable[[], int] | None = None):
@@ -135,6 +136,8 @@ class DeferPolicy:
         self.phase = _WARMING if enabled and warmup else _CAPTURING
         self._boundaries: set = set()  # Note [The first iteration ends where a boundary recurs]
         self._in_flight = in_flight  # a gauge (compiles in flight), not a statistic
+        self._landed = landed  # a gauge: compiles and disk loads ended so far
+        self._landed_at = 0  # its reading when the wait began (Note [A region landing ends the wait])
         self.patience = patience
         self.probe_every = probe_every
         self.novel_patience = novel_patience
@@ -195,7 +198,8 @@ class DeferPolicy:
         """The policy a session with ``options`` runs under (its compiles counted in
         ``counters``)."""
         return cls(options.adaptive_passthrough, warmup=options.warmup,
-                   in_flight=lambda: counters.compiles_in_flight, measure=True,
+                   in_flight=lambda: counters.compiles_in_flight,
+                   landed=lambda: counters.regions_landed, measure=True,
                    launch_bound=torch.device(options.device).type != "cpu",
                    backlog=backlog_probe(torch.device(options.device).type),
                    device_time=device_clock(torch.device(options.device).type))
@@ -508,6 +512,7 @@ class DeferPolicy:
             self._move(_PASSING)
         if verdict.pending:
             if self.enabled and self._in_flight is not None:
+                self._landed_at = self._landed() if self._landed is not None else 0
                 self._stop(None, _WAITING)
             return
         worth, stop = self.tally.weigh(verdict, self.enabled, self.patience, self.novel_patience)
@@ -545,6 +550,16 @@ class DeferPolicy:
         """Why the policy defers (or captures a probe) now, for the report's phases."""
         return self._why
 
+    # Note [A region landing ends the wait]
+    # A window whose regions are compiling sends the policy waiting (Note [Waiting for
+    # compiles runs eagerly]): ops pass straight through until no compile is in flight.
+    # Other regions may be ready long before the last compile ends: the kept demo's
+    # second run loaded its step's regions from the disk cache in its first seconds but
+    # also compiled one more (a window the first run had cut differently, 8.6 s), and
+    # passed 85 steps (~20 s) through, its loaded regions unused, until that compile
+    # ended. So any compile or disk load that ends (``landed``, a count the compile
+    # service keeps) ends the wait too: the next window is captured and judged; if its
+    # regions are still compiling it waits again (one window's capture per landing).
     def should_defer(self, weight: int = 1) -> bool:
         """O(1): whether to open a window (the hot path of feeding a call's worth of
         ticks). ``weight``: how many calls this one stands for (a safe point at the end
@@ -557,6 +572,10 @@ class DeferPolicy:
             # (no probe meanwhile: the wait ends by itself, compile_timeout_s at most)
             if self._in_flight() == 0:  # type: ignore[misc]
                 self._move(_CAPTURING, "compiles finished")
+                return True
+            if self._landed is not None and self._landed() != self._landed_at:
+                # Note [A region landing ends the wait]
+                self._move(_CAPTURING, "a region is ready")
                 return True
             return False
         if p is not _PASSING and p is not _WARMING:

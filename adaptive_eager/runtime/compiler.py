@@ -373,7 +373,18 @@ class CompileService:
             except cf.TimeoutError:
                 self.fail(entry, f"{R.COMPILE_TIMED_OUT} {self.timeout_s:.0f} s")
 
+    def _landed(self) -> None:
+        """A compile or a load ended (Note [A region landing ends the wait], runtime/adapt.py)."""
+        with self.counters.lock:
+            self.counters.regions_landed += 1
+
     def _compile(self, entry: RegionEntry, gm: Any, example: list) -> None:
+        try:
+            self._compile_one(entry, gm, example)
+        finally:
+            self._landed()
+
+    def _compile_one(self, entry: RegionEntry, gm: Any, example: list) -> None:
         t0, paused0 = time.perf_counter(), self.paused()
         clog.debug("compile started: region %s (queued %.2f s)", _short(entry.key),
                    time.monotonic() - entry.submitted_at)
@@ -477,6 +488,12 @@ class CompileService:
         return True
 
     def _load(self, entry: RegionEntry, key: str) -> None:
+        try:
+            self._load_one(entry, key)
+        finally:
+            self._landed()
+
+    def _load_one(self, entry: RegionEntry, key: str) -> None:
         assert self.store is not None
         t0 = time.perf_counter()
         switch = sys.getswitchinterval()

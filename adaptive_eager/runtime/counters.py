@@ -101,6 +101,10 @@ class Counters:
     cache_evictions: int = 0
     compile_time_s: float = 0.0
     compiles_in_flight: int = 0
+    # compiles and disk loads that ended (any outcome) since the process began: a gauge the
+    # waiting policy reads (Note [A region landing ends the wait], runtime/adapt.py), kept
+    # by reset()
+    regions_landed: int = 0
     meta_hits: int = 0
     meta_misses: int = 0
     optimizer_steps_foreach: int = 0  # torch.optim steps run at the foreach level (dispatch/optim.py)
@@ -255,7 +259,7 @@ class Counters:
     def reset(self) -> None:
         fresh = Counters()
         for name in self.__dataclass_fields__:
-            if name != "lock":
+            if name != "lock" and name != "regions_landed":
                 setattr(self, name, getattr(fresh, name))
 
 
