@@ -40,11 +40,11 @@ import torch
 
 from ..fusion.policy import fusible
 from .owned_steps import OWNED_MAX_NS, OwnedSteps
-from .occupancy import DEVICE_BOUND_SHARE, Occupancy, backlog_probe, device_clock, span_cost
+from .occupancy import DEVICE_BOUND_SHARE, Occupancy, backlog_probe, device_clock
 from .verdicts import (CANNOT_PAY_EVIDENCE_NS, CANNOT_PAY_SHARE, GROWING_REASON,
                        RESHAPED_REASON, RESHAPED_STREAK, RESHAPED_WEIGHT, Tally, Verdict)
 from .measure import (EMPTY_MEASURES, LAUNCH_MEASURE_NS_PER_OP, MEASURE_MAX_NS, MEASURE_NS_PER_OP,
-                      MEASURE_OPS, SEED_OPS)
+                      MEASURE_OPS, SEED_OPS, Reading, decide)
 from .phases import (ACT_CAPTURE, ACT_PARK, ACT_STAY, ACT_UNPARK, ALLOWED, AT_BLOCK, AT_CALL, AT_MODULE,
                      AT_READ, AT_STEP, Act, At, Moved, Phase, SafePoint, Seen, WarmupEnded)
 
@@ -326,42 +326,24 @@ class DeferPolicy:
             self._empty_measures += 1
             self._time_again(spans)
             return True
-        # Note [Only fusible ops pay for capture]: time inside ops that cannot fuse is left out
-        # Note [Fusion saves device time] (occupancy.py): the larger of host and device time
         regime, free, device_ns = self._regime(ops)
         host = now - self._measure_ns - self.unfusible_ns - self.owned.ns
-        per_op = span_cost(host, device_ns) / max(ops, 1)
-        apart = (f"; {self.unfusible_ns / 1e6:.1f} ms in ops that cannot fuse left out"
-                 if self.unfusible_ns else "")
-        if self.owned.ns:
-            apart += (f"; {self.owned.ns / 1e6:.1f} ms in optimizer steps compiled on their "
-                      f"own left out")
-        if device_ns > host:
-            apart += "; the device's time, the larger"
-        # Note [Noise only adds: capture is measured twice]
-        if self._first_per_op is not None:
-            first, per_op = self._first_per_op, min(per_op, self._first_per_op)
-            apart += f"; the lesser of two measures, {first / 1e3:.0f} µs first"
-        elif ops and not free and per_op >= self._threshold():
-            self._first_per_op = per_op
+        d = decide(Reading(ops, host, device_ns, self.unfusible_ns, self.owned.ns, regime, free,
+                           self._first_per_op, self._threshold()))
+        if d.act == "again":  # Note [Noise only adds: capture is measured twice]
+            self._first_per_op = d.per_op
             self._time_again(spans)
             return True
-        if free or (ops and per_op >= self._threshold()):
+        if d.act == "capture":
             # Note [Seeding the memo from real runs] (dispatch/meta.py): one more span
             # passes through, seeding (a plain attribute: asked on passed-through ops)
-            self._decided = (f"{regime}ops took {per_op / 1e3:.0f} µs each (over {ops} ops{apart}): "
-                             f"worth capturing")
+            self._decided = d.why
             self._seeds_left = SEED_OPS
             self._measure_spans = spans
             self._measure_end_ns = now + MEASURE_MAX_NS
             self._move(_SEEDING)
             return True
-        if ops <= 0:
-            self._stop(f"no op passed through in {EMPTY_MEASURES + 1} measures but inside "
-                       f"optimizer steps compiled on their own{apart}: nothing to capture")
-            return False
-        self._stop(f"{regime}ops took {per_op / 1e3:.1f} µs each (measured over {ops} ops passed through{apart}): "
-                   f"less than capturing one costs, so capture cannot pay")
+        self._stop(d.why)
         return False
 
     def _time_again(self, spans: int) -> None:

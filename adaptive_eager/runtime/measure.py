@@ -1,7 +1,8 @@
-"""The policy's measure of what ops cost, before capture starts: its Notes and bounds.
+"""The policy's measure of what ops cost, before capture starts: its Notes, bounds and verdict.
 
-``DeferPolicy`` (runtime/adapt.py) runs the measure; the bounds are read there through
-its own module names (tests set them on ``runtime.adapt``).
+``DeferPolicy`` (runtime/adapt.py) runs the measure (its clocks, spans and moves); the
+bounds are read there through its own module names (tests set them on ``runtime.adapt``);
+:func:`decide` turns a finished measure's :class:`Reading` into its :class:`Decision`.
 
 Example::
 
@@ -12,6 +13,9 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from .occupancy import span_cost
 from .verdicts import CAPTURE_NS_PER_OP
 
 # Note [Measure before capturing]
@@ -102,5 +106,75 @@ LAUNCH_MEASURE_NS_PER_OP = 2 * CAPTURE_NS_PER_OP
 # covered: a composite op's own C++ between the ops it dispatches (hidden 256: 96 µs).
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What one finished measure saw (``DeferPolicy.on_stack`` reads it off its clocks).
+
+    ``ops``: ops passed through, those of steps compiled on their own left out;
+    ``host_ns``: the measure's CPU time less ops that cannot fuse and those steps;
+    ``device_ns``: its launches' device time (0 unknown); ``unfusible_ns`` / ``owned_ns``:
+    what was left out, for the words; ``regime``: the device occupancy's words, and
+    ``free`` whether capture is free there (Note [Occupancy gates capture]);
+    ``first_per_op``: the first measure's figure when this one confirms it;
+    ``threshold``: the cost per op above which capture pays."""
+
+    ops: int
+    host_ns: int
+    device_ns: int
+    unfusible_ns: int
+    owned_ns: int
+    regime: str
+    free: bool
+    first_per_op: float | None
+    threshold: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A measure's outcome: ``act`` "capture", "again" (confirm a figure that would capture:
+    Note [Noise only adds: capture is measured twice]) or "stop"; ``per_op``: the figure;
+    ``why``: the report's words (empty for "again")."""
+
+    act: str
+    per_op: float
+    why: str = ""
+
+
+def decide(r: Reading) -> Decision:
+    """Whether capture pays, from a finished measure (Note [Measure before capturing]).
+
+    Example::
+
+        >>> cheap = Reading(40, 400_000, 0, 0, 0, "", False, None, 60_000.0)
+        >>> decide(cheap).act, decide(cheap).why
+        ('stop', 'ops took 10.0 µs each (measured over 40 ops passed through): less than capturing one costs, so capture cannot pay')
+        >>> dear = Reading(40, 4_000_000, 0, 0, 0, "", False, None, 60_000.0)
+        >>> decide(dear).act, decide(Reading(**{**dear.__dict__, "first_per_op": 90_000.0})).act
+        ('again', 'capture')
+    """
+    # Note [Only fusible ops pay for capture]: time inside ops that cannot fuse is left out
+    # Note [Fusion saves device time] (occupancy.py): the larger of host and device time
+    per_op = span_cost(r.host_ns, r.device_ns) / max(r.ops, 1)
+    apart = f"; {r.unfusible_ns / 1e6:.1f} ms in ops that cannot fuse left out" if r.unfusible_ns else ""
+    if r.owned_ns:
+        apart += f"; {r.owned_ns / 1e6:.1f} ms in optimizer steps compiled on their own left out"
+    if r.device_ns > r.host_ns:
+        apart += "; the device's time, the larger"
+    # Note [Noise only adds: capture is measured twice]
+    if r.first_per_op is not None:
+        per_op = min(per_op, r.first_per_op)
+        apart += f"; the lesser of two measures, {r.first_per_op / 1e3:.0f} µs first"
+    elif r.ops and not r.free and per_op >= r.threshold:
+        return Decision("again", per_op)
+    if r.free or (r.ops and per_op >= r.threshold):
+        return Decision("capture", per_op, f"{r.regime}ops took {per_op / 1e3:.0f} µs each "
+                                           f"(over {r.ops} ops{apart}): worth capturing")
+    if r.ops <= 0:
+        return Decision("stop", per_op, f"no op passed through in {EMPTY_MEASURES + 1} measures but "
+                                        f"inside optimizer steps compiled on their own{apart}: nothing to capture")
+    return Decision("stop", per_op, f"{r.regime}ops took {per_op / 1e3:.1f} µs each (measured over {r.ops} "
+                                    f"ops passed through{apart}): less than capturing one costs, so capture cannot pay")
+
+
 __all__ = ["MEASURE_OPS", "SEED_OPS", "MEASURE_MAX_NS", "EMPTY_MEASURES", "MEASURE_NS_PER_OP",
-           "LAUNCH_MEASURE_NS_PER_OP"]
+           "LAUNCH_MEASURE_NS_PER_OP", "Reading", "Decision", "decide"]
