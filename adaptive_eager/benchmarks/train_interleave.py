@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -33,23 +32,9 @@ from typing import Any, Callable, Dict, List
 import torch
 
 from . import workloads as W
-from .worker import SETTLE_QUIET, _threshold_steps
+from .worker import SETTLE_QUIET, _kv, _threshold_steps
 
 VARIANTS = ("eager", "adaptive", "compile")
-
-
-def _parse_options(text: str) -> Dict[str, Any]:
-    """``k=v,...`` (values as JSON where they parse)."""
-    out: Dict[str, Any] = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--options: {item!r} is not key=value")
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value
-    return out
 
 
 def _build(spec: W.Spec, variant: str, quick: bool) -> W.Workload:
@@ -106,7 +91,7 @@ def main(argv: List[str] | None = None) -> int:
         spec = W.get(a.workload)
     except KeyError:
         p.error(f"unknown workload {a.workload!r}; known: {', '.join(s.name for s in W.SPECS)}")
-    options = _parse_options(a.options)
+    options = _kv(a.options)
     torch.set_num_threads(a.threads)
     import adaptive_eager as ae
 

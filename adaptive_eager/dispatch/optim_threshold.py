@@ -166,9 +166,14 @@ class _Spent:
         self.cheap_key = f"{cls}|eager: {Why.CHEAP}"
 
 
+def _after_ns(mode: Any) -> int:
+    """The threshold (optimizer_step_after_ms) in ns."""
+    return int(mode.options.optimizer_step_after_ms * 1e6)
+
+
 def _spent_enough(rec: _Spent, mode: Any) -> bool:
-    """Whether ``rec``'s eager steps have cost the threshold (optimizer_step_after_ms)."""
-    return rec.ns >= mode.options.optimizer_step_after_ms * 1e6
+    """Whether ``rec``'s eager steps have cost the threshold."""
+    return rec.ns >= _after_ns(mode)
 
 
 def _lookup_due(rec: _Spent, opt: Any, has_service: bool) -> bool:
@@ -224,7 +229,7 @@ class CostThreshold:
             rec.looked_up = True
             got = gather(opt, self.plain)
             if not isinstance(got, str) and (compiled_here(got) or saved_before(getattr(service, "store", None), got)):
-                rec.ns = int(mode.options.optimizer_step_after_ms * 1e6)
+                rec.ns = _after_ns(mode)
                 with mode.counters.lock:
                     mode.counters.optimizer_step_kinds[f"{type(opt).__name__}|saved before: no threshold"] += 1
                 return False

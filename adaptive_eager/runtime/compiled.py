@@ -60,7 +60,7 @@ from .backends import backend_support, for_device, is_debugging, layout_decompos
 from .occupancy import device_clock, span_cost
 from .cache import COMPILED, COMPILING, EAGER_ONLY, RegionCache, RegionEntry
 from .checks import indices_in_range
-from .first_call import CompiledCodeWroteInput, first_call
+from .first_call import CompiledCodeWroteInput, first_call, run_eager_timed
 from .first_call import layout_why as _why
 from .compiler import CompileService
 from .region_store import open_store
@@ -511,17 +511,16 @@ class CompiledExecutor(Executor):
     # from disk at its first sighting and trusted (Note [A region checked once is trusted
     # by the next process]), it was never run eagerly, so it was never demoted, however
     # slow. The GPT train step on this 2-core CPU (``python -m benchmarks.train_interleave
-    # --workload gpt-train``): a process that compiled its forward-backward region found
-    # it slower and demoted it (adaptive 1.11x eager, torch.compile 1.08x, same run); the
-    # next process loaded it from disk and kept it (adaptive 0.88x, torch.compile 0.96x).
+    # --workload gpt-train``): a process that loaded its forward-backward region unchecked
+    # ran it eagerly in its first call's check, found it slower and demoted it (adaptive
+    # 1.11x eager, torch.compile 1.08x, same run); the next process loaded it checked, so
+    # trusted, and kept it (adaptive 0.88x, torch.compile 0.96x).
     # So after its timed compiled calls, such a region runs eagerly once, timed, and is
     # judged as any other: one eager run of it, what eager would have spent.
     def _time_eager_once(self, window: Window, step: Step, entry: RegionEntry, env: dict,
                          floats: list) -> None:
         """Note [A region never run eagerly is timed eagerly once]."""
-        t0 = time.perf_counter_ns()
-        self._run_eager(window, step, env, floats)
-        entry.eager_ns.append(time.perf_counter_ns() - t0)
+        run_eager_timed(self, window, step, entry, env, floats)
         self._maybe_demote(entry)
 
     def _maybe_demote(self, entry: RegionEntry) -> None:

@@ -93,7 +93,8 @@ def first_call(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict
     return _on_copies(ex, window, step, entry, env, args, floats)
 
 
-def _eager(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict, floats: list) -> None:
+def run_eager_timed(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict, floats: list) -> None:
+    """Run ``step``'s region eagerly through ``ex`` and record the time in ``entry.eager_ns``."""
     t0 = time.perf_counter_ns()
     ex._run_eager(window, step, env, floats)
     entry.eager_ns.append(time.perf_counter_ns() - t0)
@@ -136,7 +137,7 @@ def _on_copies(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict
             _verdict(ex, entry, None)  # passed
             return True
     written = {v: env[v] for v in region.mutated}  # its run may drop the dead ones
-    _eager(ex, window, step, entry, env, floats)
+    run_eager_timed(ex, window, step, entry, env, floats)
     if problem is None and ex.options.verify_compiled:
         ref = [env[v] for v in region.outputs]
         problem = outputs_match(window, region, outs, ref, copies, written)
@@ -183,7 +184,7 @@ def _lean(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
         ex._bind(region, env, outs)
         _verdict(ex, entry, None)  # passed
         return True
-    _eager(ex, window, step, entry, env, floats)
+    run_eager_timed(ex, window, step, entry, env, floats)
     if problem is None and sums is not None:
         ref = [summary(env[v]) for v in region.outputs]
         ref_written = [summary(args[j]) for j in step.mutated]
@@ -222,7 +223,7 @@ def _via_host(ex: Any, window: Window, step: Any, entry: RegionEntry, env: dict,
     del saved
     if changed and problem is None:
         problem = f"input {_name(region, changed[0])}: the compiled code wrote an input it only reads"
-    _eager(ex, window, step, entry, env, floats)
+    run_eager_timed(ex, window, step, entry, env, floats)
     if problem is None and got is not None:
         for vid, g in zip(region.outputs, got):
             if not close(g, on_host(env[vid])):
@@ -254,4 +255,4 @@ def _name(region: Any, j: int) -> Any:
     return region.inputs[j] if j < len(region.inputs) else f"scalar {j}"
 
 
-__all__ = ["first_call", "on_host", "layout_why", "CompiledCodeWroteInput"]
+__all__ = ["first_call", "run_eager_timed", "on_host", "layout_why", "CompiledCodeWroteInput"]
