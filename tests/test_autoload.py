@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import subprocess
 import sys
 import textwrap
-
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import run_concurrently
 
 SCRIPT = textwrap.dedent('''
     import sys, threading
@@ -45,25 +45,62 @@ pytestmark = pytest.mark.skipif(not _entry_point_installed(),
                                 reason="package not installed (pip install -e .)")
 
 
-def run_script(tmp_path, env_extra, script=SCRIPT, pythonpath=None):
-    path = tmp_path / "train.py"
-    path.write_text(script)
+# Note [The autoload scripts run at once]
+# Every script below runs in a fresh interpreter (2-5 s of imports each, 46 s one after
+# another). The module's runs are listed in RUNS and started together, as many at a time as
+# there are cores (helpers.run_concurrently), when the first test asks; each test reads its
+# own. A run is started only where a test that reads it was selected.
+@dataclass(frozen=True)
+class Run:
+    tests: tuple            # the tests that read it
+    env: dict               # on top of the environment less ADAPTIVE_EAGER*; "{dir}": its folder
+    script: str = ""        # default SCRIPT
+    pythonpath: str = ""    # "root": this checkout; "neuronx:<body>": a fake torch_neuronx
+
+
+def _fake_torch_neuronx(root, body=""):
+    pkg = root / "torch_neuronx"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import torch\n" + body)
+    return str(root)
+
+
+def _command(folder: Path, run: Run) -> tuple[list, dict]:
+    folder.mkdir()
+    path = folder / "train.py"
+    path.write_text(run.script or SCRIPT)
     env = {k: v for k, v in os.environ.items()
            if (not k.startswith("ADAPTIVE_EAGER") or k == "ADAPTIVE_EAGER_CACHE_DIR") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     env["ADAPTIVE_EAGER_WARMUP"] = "0"  # the scripts check capture from their first op
-    env.update(env_extra)
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=240)
+    env.update({k: v.replace("{dir}", str(folder)) for k, v in run.env.items()})
+    extra = (_ROOT if run.pythonpath == "root" else
+             _fake_torch_neuronx(folder / "site", run.pythonpath.partition(":")[2])
+             if run.pythonpath.startswith("neuronx:") else "")
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join([extra, env.get("PYTHONPATH", "")])
+    return [sys.executable, str(path)], env
+
+
+@pytest.fixture(scope="module")
+def ran(request, tmp_path_factory) -> dict:
+    """{run name: (CompletedProcess, its folder)} for the runs the selected tests read."""
+    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    tmp = tmp_path_factory.mktemp("autoload")
+    commands, each = {}, {}
+    for name, run in RUNS.items():
+        if selected & set(run.tests):
+            commands[name], env = _command(tmp / name, run)
+            each[name] = {"env": env, "cwd": tmp / name}
+    done = run_concurrently(commands, each=each, timeout=240)
+    return {name: (r, tmp / name) for name, r in done.items()}
 
 
 def _lines(out):
     return dict(line.split(" ", 1) for line in out.strip().splitlines() if " " in line)
 
 
-def test_unset_is_a_cheap_noop(tmp_path):
-    r = run_script(tmp_path, {})
+def test_unset_is_a_cheap_noop(ran):
+    r = ran["unset"][0]
     assert r.returncode == 0, r.stderr
     out = _lines(r.stdout)
     assert out["main"] == "Tensor" and out["thread"] == "Tensor" and out["total"] == "168.0"
@@ -74,10 +111,9 @@ def test_unset_is_a_cheap_noop(tmp_path):
     assert r.stderr == ""
 
 
-def test_env_var_runs_whole_program_and_reports(tmp_path):
-    report = tmp_path / "report.txt"
-    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager",
-                              "ADAPTIVE_EAGER_REPORT": str(report), "ADAPTIVE_EAGER_LOG": "debug"})
+def test_env_var_runs_whole_program_and_reports(ran):
+    r, folder = ran["env_var"]
+    report = folder / "report.txt"
     assert r.returncode == 0, r.stderr
     out = _lines(r.stdout)
     assert out["main"] == "LazyTensor"          # the main thread runs under the runtime
@@ -91,17 +127,16 @@ def test_env_var_runs_whole_program_and_reports(tmp_path):
     assert "[adaptive_eager DEBUG]" in r.stderr and "flush item" in r.stderr
 
 
-def test_bad_option_logs_and_stays_off(tmp_path):
-    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_WINDOW_SIZE": "abc"})
+def test_bad_option_logs_and_stays_off(ran):
+    r = ran["bad_option"][0]
     assert r.returncode == 0, r.stderr                   # import torch did not break
     assert _lines(r.stdout)["main"] == "Tensor"          # plain eager
     assert "ADAPTIVE_EAGER=1 ignored" in r.stderr
     assert "'window_size'" in r.stderr and "ADAPTIVE_EAGER_WINDOW_SIZE" in r.stderr
 
 
-def test_torch_autoload_switch_turns_it_off(tmp_path):
-    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager",
-                              "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+def test_torch_autoload_switch_turns_it_off(ran):
+    r = ran["autoload_off"][0]
     assert r.returncode == 0, r.stderr
     assert _lines(r.stdout)["main"] == "Tensor"
 
@@ -146,13 +181,6 @@ def test_when_imported_fires_for_a_module_imported_later(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "ae_late_module")
 
 
-def _fake_torch_neuronx(root, body=""):
-    pkg = root / "torch_neuronx"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("import torch\n" + body)
-    return str(root)
-
-
 CHECK_NEURONX = textwrap.dedent('''
     import torch_neuronx
     import adaptive_eager
@@ -165,9 +193,8 @@ CHECK_NEURONX = textwrap.dedent('''
 ''')
 
 
-def test_torch_neuronx_gets_the_context_manager_and_neuron_defaults(tmp_path):
-    path = _fake_torch_neuronx(tmp_path / "site")
-    r = run_script(tmp_path, {}, CHECK_NEURONX, pythonpath=path)
+def test_torch_neuronx_gets_the_context_manager_and_neuron_defaults(ran):
+    r = ran["neuronx"][0]
     assert r.returncode == 0, r.stderr
     out = _lines(r.stdout)
     assert out["attached"] == "True"
@@ -175,62 +202,41 @@ def test_torch_neuronx_gets_the_context_manager_and_neuron_defaults(tmp_path):
     assert out["override"] == "eager"
 
 
-def test_torch_neuronx_imported_after_torch(tmp_path):
-    path = _fake_torch_neuronx(tmp_path / "site")
-    r = run_script(tmp_path, {"ADAPTIVE_EAGER_DEVICE": "cpu"}, "import torch\n" + CHECK_NEURONX,
-                   pythonpath=path)
+def test_torch_neuronx_imported_after_torch(ran):
+    r = ran["neuronx_after_torch"][0]
     assert r.returncode == 0, r.stderr
     out = _lines(r.stdout)
     assert out["attached"] == "True"
     assert out["defaults"] == "cpu neuron"        # an env var beats the platform default
 
 
-def test_torch_neuronx_own_attribute_is_kept(tmp_path):
-    path = _fake_torch_neuronx(tmp_path / "site", "adaptive_eager = 'theirs'\n")
-    r = run_script(tmp_path, {}, CHECK_NEURONX, pythonpath=path)
+def test_torch_neuronx_own_attribute_is_kept(ran):
+    r = ran["neuronx_own"][0]
     assert r.returncode == 0, r.stderr
     out = _lines(r.stdout)
     assert out["attached"] == "False" and out["value"] == "theirs"
 
 
-def test_enables_when_adaptive_eager_itself_imports_torch(tmp_path):
+def test_enables_when_adaptive_eager_itself_imports_torch(ran):
     # The program's own import of adaptive_eager triggers `import torch`: enabling must
     # wait until adaptive_eager.session has finished importing.
-    script = ("from adaptive_eager import adaptive_eager, stats\nimport torch\n"
-              "print('main', type(torch.ones(2) * 2).__name__)\n")
-    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager"}, script)
+    r = ran["self_import"][0]
     assert r.returncode == 0, r.stderr
     assert _lines(r.stdout)["main"] == "LazyTensor"
     assert "ignored" not in r.stderr
 
 
-def test_neuron_sim_from_env(tmp_path):
-    sim = pytest.importorskip("adaptive_eager.neuron_sim")
-    if not hasattr(sim, "maybe_enable_from_env"):
-        pytest.skip("neuron_sim has no maybe_enable_from_env()")
-    script = ("import torch\nx = torch.ones(2, device='neuron') * 2\n"
-              "print('main', type(x).__name__, x.device.type, x.cpu().tolist())\n")
-    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager",
-                              "ADAPTIVE_EAGER_DEVICE": "neuron", "ADAPTIVE_EAGER_NEURON_SIM": "1"},
-                   script)
+def test_neuron_sim_from_env(ran):
+    r = ran["neuron_sim"][0]
     assert r.returncode == 0, r.stderr
     assert _lines(r.stdout)["main"] == "LazyTensor neuron [2.0, 2.0]"
 
 
-def test_neuron_sim_from_env_with_device_auto_and_launch_model(tmp_path):
+def test_neuron_sim_from_env_with_device_auto_and_launch_model(ran):
     # An unmodified program on the emulated device, environment only: device="auto"
     # (the default) picks the neuron device (Note [device="auto"]), and the launch model
     # comes from ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US / _ASYNC.
-    script = ("import torch\nx = torch.ones(2, device='neuron') * 2\n"
-              "print('main', type(x).__name__, x.device.type, x.cpu().tolist())\n"
-              "from adaptive_eager import neuron_sim, session\n"
-              "print('launch', neuron_sim.launch_latency_us(), neuron_sim.async_launch())\n"
-              "print('device', session.counters().device)\n")
-    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager",
-                              "ADAPTIVE_EAGER_NEURON_SIM": "1",
-                              "ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US": "50",
-                              "ADAPTIVE_EAGER_NEURON_SIM_ASYNC": "0"}, script,
-                   pythonpath=str(Path(__file__).resolve().parents[1]))  # this checkout
+    r = ran["neuron_sim_auto"][0]
     assert r.returncode == 0, r.stderr
     lines = _lines(r.stdout)
     assert lines["main"] == "LazyTensor neuron [2.0, 2.0]"
@@ -268,10 +274,8 @@ CAPTURE_MODULES = {
 _ROOT = str(Path(__file__).resolve().parents[1])  # this checkout, not the installed copy
 
 
-def test_a_short_script_that_never_captures_imports_nothing_of_capture(tmp_path):
-    plain = run_script(tmp_path, {}, script=SHORT)
-    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_WARMUP": "1"}, script=SHORT,
-                   pythonpath=_ROOT)
+def test_a_short_script_that_never_captures_imports_nothing_of_capture(ran):
+    plain, r = ran["short_plain"][0], ran["short_warm_up"][0]
     assert r.returncode == 0, r.stderr
     out = _lines(r.stdout)
     assert out["value"] == _lines(plain.stdout)["value"]       # eager's value
@@ -281,10 +285,8 @@ def test_a_short_script_that_never_captures_imports_nothing_of_capture(tmp_path)
     assert loaded & CAPTURE_MODULES == set()
 
 
-def test_capture_builds_the_window_and_imports_it(tmp_path):
-    plain = run_script(tmp_path, {}, script=SHORT)
-    r = run_script(tmp_path, {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager"},
-                   script=SHORT, pythonpath=_ROOT)  # run_script: warm-up off, capture at once
+def test_capture_builds_the_window_and_imports_it(ran):
+    plain, r = ran["short_plain"][0], ran["short_capture"][0]  # warm-up off: capture at once
     assert r.returncode == 0, r.stderr
     out = _lines(r.stdout)
     assert out["value"] == _lines(plain.stdout)["value"]
@@ -292,3 +294,40 @@ def test_capture_builds_the_window_and_imports_it(tmp_path):
     assert {"adaptive_eager.dispatch.recorder", "adaptive_eager.dispatch.flush",
             "adaptive_eager.dispatch.trace", "torch._dynamo"} <= loaded
     assert out["idle"] == "False"
+
+
+# Note [The autoload scripts run at once]: every run the tests above read.
+_ON = {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_BACKEND": "eager"}
+_NEURON = ("import torch\nx = torch.ones(2, device='neuron') * 2\n"
+           "print('main', type(x).__name__, x.device.type, x.cpu().tolist())\n")
+RUNS = {
+    "unset": Run(("test_unset_is_a_cheap_noop",), {}),
+    "env_var": Run(("test_env_var_runs_whole_program_and_reports",),
+                   {**_ON, "ADAPTIVE_EAGER_REPORT": "{dir}/report.txt", "ADAPTIVE_EAGER_LOG": "debug"}),
+    "bad_option": Run(("test_bad_option_logs_and_stays_off",),
+                      {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_WINDOW_SIZE": "abc"}),
+    "autoload_off": Run(("test_torch_autoload_switch_turns_it_off",),
+                        {**_ON, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
+    "neuronx": Run(("test_torch_neuronx_gets_the_context_manager_and_neuron_defaults",), {},
+                   CHECK_NEURONX, "neuronx:"),
+    "neuronx_after_torch": Run(("test_torch_neuronx_imported_after_torch",), {"ADAPTIVE_EAGER_DEVICE": "cpu"},
+                               "import torch\n" + CHECK_NEURONX, "neuronx:"),
+    "neuronx_own": Run(("test_torch_neuronx_own_attribute_is_kept",), {}, CHECK_NEURONX,
+                       "neuronx:adaptive_eager = 'theirs'\n"),
+    "self_import": Run(("test_enables_when_adaptive_eager_itself_imports_torch",), _ON,
+                       "from adaptive_eager import adaptive_eager, stats\nimport torch\n"
+                       "print('main', type(torch.ones(2) * 2).__name__)\n"),
+    "neuron_sim": Run(("test_neuron_sim_from_env",),
+                      {**_ON, "ADAPTIVE_EAGER_DEVICE": "neuron", "ADAPTIVE_EAGER_NEURON_SIM": "1"}, _NEURON),
+    "neuron_sim_auto": Run(("test_neuron_sim_from_env_with_device_auto_and_launch_model",),
+                           {**_ON, "ADAPTIVE_EAGER_NEURON_SIM": "1", "ADAPTIVE_EAGER_NEURON_SIM_LATENCY_US": "50",
+                            "ADAPTIVE_EAGER_NEURON_SIM_ASYNC": "0"},
+                           _NEURON + "from adaptive_eager import neuron_sim, session\n"
+                           "print('launch', neuron_sim.launch_latency_us(), neuron_sim.async_launch())\n"
+                           "print('device', session.counters().device)\n", "root"),
+    "short_plain": Run(("test_a_short_script_that_never_captures_imports_nothing_of_capture",
+                        "test_capture_builds_the_window_and_imports_it"), {}, SHORT),
+    "short_warm_up": Run(("test_a_short_script_that_never_captures_imports_nothing_of_capture",),
+                         {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_WARMUP": "1"}, SHORT, "root"),
+    "short_capture": Run(("test_capture_builds_the_window_and_imports_it",), _ON, SHORT, "root"),
+}

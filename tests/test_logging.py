@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -14,6 +13,7 @@ import torch
 
 import adaptive_eager as ae
 from adaptive_eager._logging import ARTIFACTS, register_with_torch
+from helpers import run_concurrently
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,19 +28,26 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _run(tmp_path, **env_extra):
-    path = tmp_path / "prog.py"
+# The four runs of SCRIPT the tests read, each a fresh process (a few seconds of imports),
+# all at once (helpers.run_concurrently), at the first test that asks.
+_RUNS = {"torch_logs": {"TORCH_LOGS": "+adaptive_eager"}, "artifacts": {"TORCH_LOGS": "ae_compiles"},
+         "debug": {"ADAPTIVE_EAGER_LOG": "debug"}, "plain": {}}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("logging")
+    path = tmp / "prog.py"
     path.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ADAPTIVE_EAGER", "TORCH_LOGS"))}
     env["ADAPTIVE_EAGER_WARMUP"] = "0"
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
-    env.update(env_extra)
-    return subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return run_concurrently({name: [sys.executable, str(path)] for name in _RUNS}, cwd=tmp, timeout=240,
+                            each={name: {"env": {**env, **extra}} for name, extra in _RUNS.items()})
 
 
-def test_torch_logs_plus_adaptive_eager_prints_compile_events(tmp_path):
-    r = _run(tmp_path, TORCH_LOGS="+adaptive_eager")
+def test_torch_logs_plus_adaptive_eager_prints_compile_events(runs):
+    r = runs["torch_logs"]
     assert r.returncode == 0, r.stderr
     for event in ("compile queued", "compile started", "compile finished", "flush item",
                   "window plan miss"):
@@ -54,19 +61,19 @@ def _entry_point_installed() -> bool:
 
 
 @pytest.mark.skipif(not _entry_point_installed(), reason="package not installed (pip install -e .)")
-def test_named_artifacts_pick_events(tmp_path):
+def test_named_artifacts_pick_events(runs):
     # The entry point registers the names before `import torch` parses TORCH_LOGS.
-    r = _run(tmp_path, TORCH_LOGS="ae_compiles")
+    r = runs["artifacts"]
     assert r.returncode == 0, r.stderr
     assert "compile finished" in r.stderr
     assert "flush item" not in r.stderr and "plan miss" not in r.stderr
 
 
-def test_adaptive_eager_log_still_works(tmp_path):
-    r = _run(tmp_path, ADAPTIVE_EAGER_LOG="debug")
+def test_adaptive_eager_log_still_works(runs):
+    r = runs["debug"]
     assert r.returncode == 0, r.stderr
     assert "[adaptive_eager DEBUG] compile finished" in r.stderr
-    assert _run(tmp_path).stderr == ""  # nothing unless asked
+    assert runs["plain"].returncode == 0 and runs["plain"].stderr == ""  # nothing unless asked
 
 
 def test_artifacts_are_registered_with_torch():
