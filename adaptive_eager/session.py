@@ -38,6 +38,7 @@ from .dispatch.kernel_state import install as install_state_setters
 from .dispatch.opaque import install as install_opaque_calls
 from .dispatch.source import user_source
 from .runtime import Counters, DeferPolicy, make_executor
+from .runtime.gc_quiet import QUIET
 from .exit_report import report_at_exit
 from .reasons import R
 
@@ -411,6 +412,8 @@ class adaptive_eager:
         except BaseException:
             interrupts.release()
             raise
+        if len(st) == 1:
+            QUIET.block_entered()  # Note [The runtime's imports freeze the heap they grew]
         thread = threading.current_thread()
         self._entered.append((thread.ident, thread.name, entry))
         return self
@@ -423,9 +426,12 @@ class adaptive_eager:
         del self._entered[mine[-1]]
         try:
             entry = _stack().pop()
-            if not _stack() and parking.SAFE_POINTS is not None:
+            outermost = not _stack()
+            if outermost and parking.SAFE_POINTS is not None:
                 parking.SAFE_POINTS.restore_foreach()  # Note [Optimizer steps at the foreach level]
             _leave(entry)
+            if outermost:
+                QUIET.block_left()  # Note [The runtime's imports freeze the heap they grew]
         finally:
             interrupts.release()
 

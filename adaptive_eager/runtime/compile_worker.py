@@ -62,6 +62,7 @@ log = logging.getLogger("adaptive_eager")
 
 # The worker's Inductor set-up (runtime/inductor_setup.py), re-exported: the runtime and
 # the tests import these names from here.
+from .gc_quiet import QUIET
 from .pacing import pace_hashing, paced
 from .worker_pacing import WorkerPacer, contended, usable_cores
 from .inductor_setup import (  # noqa: F401
@@ -387,7 +388,9 @@ def warm_loader(ready: Callable[[], bool] | None = None,
     import importlib  # noqa: PLC0415
 
     try:
-        with paced(lambda: exiting() or ready(), hold=hold) if ready is not None else contextlib.nullcontext():
+        # Note [The runtime's imports freeze the heap they grew] (runtime/gc_quiet.py)
+        with QUIET.burst(), \
+                paced(lambda: exiting() or ready(), hold=hold) if ready is not None else contextlib.nullcontext():
             for name in _LOADER_MODULES:
                 if exiting():  # the compile thread is waited for at exit (compiler.py)
                     return
@@ -409,7 +412,8 @@ def load_artifact(data: bytes) -> Callable[..., Any]:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        art = CompiledArtifact.load(path=path, format="binary")
+        with QUIET.burst():  # the first load imports Inductor's loader (gc_quiet.py's Note)
+            art = CompiledArtifact.load(path=path, format="binary")
     finally:
         try:
             os.unlink(path)
