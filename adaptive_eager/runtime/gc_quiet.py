@@ -46,9 +46,9 @@ log = logging.getLogger("adaptive_eager")
 # full collections scan only what is made after, and none scans torch's and Inductor's
 # modules again. The cost: an object alive at the freeze that later dies in a reference
 # cycle (not by its reference count, which frees as always) is not collected until the
-# heap is thawed, which the last outermost block's exit does (session.py): then the next
-# full collection, after the block, scans everything once; a burst with no block open
-# (a compile landing after the block) freezes nothing. Nothing is done where the program
+# heap is thawed, which any thread's outermost block's exit does (session.py): then the
+# next full collection, after the block, scans everything once; a burst with no block
+# open (a compile landing after the block) freezes nothing. Nothing is done where the program
 # manages its collector itself: collection disabled, a threshold of 0, or objects already
 # frozen by someone else. Measured after (the same demo runs, one each): no full
 # collection in either adaptive run; the kept run's slowest loading step 359 ms (the
@@ -115,12 +115,12 @@ class HeapQuiet:
             self._blocks += 1
 
     def block_left(self) -> None:
-        """A thread left its outermost block: the last one out thaws (:meth:`thaw`)."""
+        """A thread left its outermost block: it thaws (:meth:`thaw`), whatever other
+        threads still run (a block abandoned in a thread that ended is never left, so the
+        count cannot say when the last one is: a freeze must not outlive the block)."""
         with self._lock:
             self._blocks = max(0, self._blocks - 1)
-            last = self._blocks == 0
-        if last:
-            self.thaw()
+        self.thaw()
 
     def thaw(self) -> None:
         """Undo our freeze (not while a burst runs, whose end freezes again); the next
