@@ -80,6 +80,13 @@ def test_nested_bursts_freeze_once_at_the_outermost_end(fake_modules):
         assert not quiet.frozen and gc.get_threshold()[2] == gc_quiet._OFF
         quiet.thaw()  # a block's exit while a burst runs: nothing to thaw yet
     assert quiet.frozen
+    with quiet.burst():
+        quiet.block_left()  # the block's exit while the next burst runs (nothing imported):
+    assert not quiet.frozen and gc.get_freeze_count() == 0  # its end thaws, no block open
+    quiet.block_entered()
+    with quiet.burst():
+        fake_modules(6, "c2")
+    assert quiet.frozen
     quiet.block_entered()  # another thread's block
     quiet.block_left()     # its exit thaws, whatever else runs
     assert not quiet.frozen and gc.get_freeze_count() == 0

@@ -69,6 +69,7 @@ class HeapQuiet:
         self._modules = 0
         self._ours = 0  # gc.get_freeze_count() after our freeze; 0: nothing of ours frozen
         self._blocks = 0  # outermost blocks open in the process's threads
+        self._owed = False  # a block's exit came while a burst ran: its end thaws
 
     @property
     def frozen(self) -> bool:
@@ -100,6 +101,10 @@ class HeapQuiet:
         now = gc.get_threshold()
         if now[2] == _OFF:  # unless the program set its own meanwhile
             gc.set_threshold(now[0], now[1], saved[2])
+        if self._owed and self._ours:
+            gc.unfreeze()
+            self._ours = 0
+        self._owed = False
         grew = len(sys.modules) - self._modules
         # no block open (a compile that lands after the program's block ended): no one
         # would thaw it, so nothing is frozen
@@ -123,11 +128,13 @@ class HeapQuiet:
         self.thaw()
 
     def thaw(self) -> None:
-        """Undo our freeze (not while a burst runs, whose end freezes again); the next
-        full collection scans everything once. NB: a freeze the program adds after ours
-        is undone with it (the collector keeps one frozen set)."""
+        """Undo our freeze (while a burst runs, at its end); the next full collection
+        scans everything once. NB: a freeze the program adds after ours is undone with it
+        (the collector keeps one frozen set)."""
         with self._lock:
-            if self._ours and self._depth == 0:
+            if self._ours and self._depth > 0:
+                self._owed = True
+            elif self._ours:
                 gc.unfreeze()
                 self._ours = 0
 
