@@ -259,6 +259,7 @@ def _exited_elsewhere(entered: list) -> None:
     ident, name, entry = entered.pop()
     mode, observe = entry
     failure = None
+    QUIET.thaw()  # the block is closed (Note [The runtime's imports freeze the heap they grew])
     if observe is not None:
         mode.stop_deferring()
         failure = _run_pending(mode)
@@ -424,15 +425,16 @@ class adaptive_eager:
         if not mine:
             _exited_elsewhere(self._entered)
         del self._entered[mine[-1]]
+        outermost = False
         try:
             entry = _stack().pop()
             outermost = not _stack()
             if outermost and parking.SAFE_POINTS is not None:
                 parking.SAFE_POINTS.restore_foreach()  # Note [Optimizer steps at the foreach level]
             _leave(entry)
-            if outermost:
-                QUIET.block_left()  # Note [The runtime's imports freeze the heap they grew]
         finally:
+            if outermost:  # a flush that raised at the exit too
+                QUIET.block_left()  # Note [The runtime's imports freeze the heap they grew]
             interrupts.release()
 
     def __call__(self, fn: Callable) -> Callable:

@@ -55,7 +55,8 @@ class Run:
     tests: tuple            # the tests that read it
     env: dict               # on top of the environment less ADAPTIVE_EAGER*; "{dir}": its folder
     script: str = ""        # default SCRIPT
-    pythonpath: str = ""    # "root": this checkout; "neuronx:<body>": a fake torch_neuronx
+    root: bool = False      # this checkout first on the path
+    neuronx: str | None = None  # a fake torch_neuronx on the path, this the rest of its body
 
 
 def _fake_torch_neuronx(root, body=""):
@@ -73,9 +74,8 @@ def _command(folder: Path, run: Run) -> tuple[list, dict]:
            if (not k.startswith("ADAPTIVE_EAGER") or k == "ADAPTIVE_EAGER_CACHE_DIR") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     env["ADAPTIVE_EAGER_WARMUP"] = "0"  # the scripts check capture from their first op
     env.update({k: v.replace("{dir}", str(folder)) for k, v in run.env.items()})
-    extra = (_ROOT if run.pythonpath == "root" else
-             _fake_torch_neuronx(folder / "site", run.pythonpath.partition(":")[2])
-             if run.pythonpath.startswith("neuronx:") else "")
+    extra = (_ROOT if run.root else
+             _fake_torch_neuronx(folder / "site", run.neuronx) if run.neuronx is not None else "")
     if extra:
         env["PYTHONPATH"] = os.pathsep.join([extra, env.get("PYTHONPATH", "")])
     return [sys.executable, str(path)], env
@@ -309,11 +309,11 @@ RUNS = {
     "autoload_off": Run(("test_torch_autoload_switch_turns_it_off",),
                         {**_ON, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
     "neuronx": Run(("test_torch_neuronx_gets_the_context_manager_and_neuron_defaults",), {},
-                   CHECK_NEURONX, "neuronx:"),
+                   CHECK_NEURONX, neuronx=""),
     "neuronx_after_torch": Run(("test_torch_neuronx_imported_after_torch",), {"ADAPTIVE_EAGER_DEVICE": "cpu"},
-                               "import torch\n" + CHECK_NEURONX, "neuronx:"),
+                               "import torch\n" + CHECK_NEURONX, neuronx=""),
     "neuronx_own": Run(("test_torch_neuronx_own_attribute_is_kept",), {}, CHECK_NEURONX,
-                       "neuronx:adaptive_eager = 'theirs'\n"),
+                       neuronx="adaptive_eager = 'theirs'\n"),
     "self_import": Run(("test_enables_when_adaptive_eager_itself_imports_torch",), _ON,
                        "from adaptive_eager import adaptive_eager, stats\nimport torch\n"
                        "print('main', type(torch.ones(2) * 2).__name__)\n"),
@@ -324,10 +324,10 @@ RUNS = {
                             "ADAPTIVE_EAGER_NEURON_SIM_ASYNC": "0"},
                            _NEURON + "from adaptive_eager import neuron_sim, session\n"
                            "print('launch', neuron_sim.launch_latency_us(), neuron_sim.async_launch())\n"
-                           "print('device', session.counters().device)\n", "root"),
+                           "print('device', session.counters().device)\n", root=True),
     "short_plain": Run(("test_a_short_script_that_never_captures_imports_nothing_of_capture",
                         "test_capture_builds_the_window_and_imports_it"), {}, SHORT),
     "short_warm_up": Run(("test_a_short_script_that_never_captures_imports_nothing_of_capture",),
-                         {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_WARMUP": "1"}, SHORT, "root"),
-    "short_capture": Run(("test_capture_builds_the_window_and_imports_it",), _ON, SHORT, "root"),
+                         {"ADAPTIVE_EAGER": "1", "ADAPTIVE_EAGER_WARMUP": "1"}, SHORT, root=True),
+    "short_capture": Run(("test_capture_builds_the_window_and_imports_it",), _ON, SHORT, root=True),
 }

@@ -128,3 +128,32 @@ def test_the_outermost_blocks_exit_thaws(fake_modules, monkeypatch):
         z = float(y)
     assert not gc_quiet.QUIET.frozen and gc.get_freeze_count() == 0
     assert z == float((x * 2).sum())
+
+
+def test_a_block_closed_from_another_thread_thaws(fake_modules, monkeypatch):
+    """Note [A block is left in the thread that entered it]: the block counts as closed
+    where another thread exits it, so the freeze goes with it."""
+    import threading
+
+    from adaptive_eager import session
+
+    monkeypatch.setattr(gc_quiet.QUIET, "min_modules", 3)
+    block = ae.adaptive_eager(backend="eager")
+    block.__enter__()
+    with gc_quiet.QUIET.burst():
+        fake_modules(3, "g")
+    assert gc_quiet.QUIET.frozen
+    errors = []
+
+    def leave():
+        try:
+            block.__exit__(None, None, None)
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=leave)
+    t.start()
+    t.join()
+    assert errors and "was exited in thread" in errors[0]
+    assert not gc_quiet.QUIET.frozen and gc.get_freeze_count() == 0
+    assert session.current_mode() is None  # this thread leaves it at its next use
